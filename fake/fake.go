@@ -1,0 +1,327 @@
+// Package fake provides Store, an in-memory backend for unit tests and local
+// development, with an injectable clock and fault injection.
+//
+// Store follows the store.Backend contract exactly (the storetest suite runs
+// against it), so a handler tested on it behaves the same on Datastore, Redis
+// or SQL. It keeps its records in one process: it de-duplicates deliveries
+// that reach the same process only.
+package fake
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// Op names a Store method, for fault injection.
+type Op int
+
+// The operations a fault can be injected into.
+const (
+	OpClaim Op = iota + 1
+	OpComplete
+	OpRelease
+	OpExtend
+)
+
+// String returns the method name.
+func (o Op) String() string {
+	switch o {
+	case OpClaim:
+		return "Claim"
+	case OpComplete:
+		return "Complete"
+	case OpRelease:
+		return "Release"
+	case OpExtend:
+		return "Extend"
+	}
+	return "Op(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Record is a snapshot of one stored record, for assertions in tests.
+type Record struct {
+	State       store.State
+	Fence       int64
+	Token       string
+	LeaseExpiry time.Time
+	ExpiresAt   time.Time
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithTTL sets how long a completed key suppresses duplicates (and how long
+// a Claimed record outlives its lease). The default is store.DefaultTTL.
+// New panics if ttl is not positive.
+func WithTTL(ttl time.Duration) Option {
+	return func(s *Store) { s.ttl = ttl }
+}
+
+// WithClock makes the Store read time from now instead of time.Now. A
+// *Clock's Now method fits.
+func WithClock(now func() time.Time) Option {
+	return func(s *Store) { s.now = now }
+}
+
+// Store is an in-memory store.Backend. It is safe for concurrent use. The
+// zero value is ready to use with store.DefaultTTL and the system clock.
+type Store struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu     sync.Mutex
+	recs   map[string]*Record
+	tokens int64
+	faults map[Op][]error
+	calls  map[Op]int
+}
+
+var (
+	_ store.Backend  = (*Store)(nil)
+	_ store.Extender = (*Store)(nil)
+	_ store.Purger   = (*Store)(nil)
+)
+
+// New returns an empty Store. It panics if an option is invalid (a
+// non-positive ttl): that is a mistake in the test, not in the data.
+func New(opts ...Option) *Store {
+	s := &Store{}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.ttl != 0 {
+		if err := store.ValidateTTL(s.ttl); err != nil {
+			panic("fake.New: " + err.Error())
+		}
+	}
+	return s
+}
+
+// TTL returns the ttl the Store applies.
+func (s *Store) TTL() time.Duration {
+	if s.ttl == 0 {
+		return store.DefaultTTL
+	}
+	return s.ttl
+}
+
+func (s *Store) clock() time.Time {
+	if s.now == nil {
+		return time.Now()
+	}
+	return s.now()
+}
+
+// FailNext makes the next call of op return err without touching any
+// record. Several calls queue up in order.
+func (s *Store) FailNext(op Op, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.faults == nil {
+		s.faults = make(map[Op][]error)
+	}
+	s.faults[op] = append(s.faults[op], err)
+}
+
+// Calls returns how many times op was called, including failed calls.
+func (s *Store) Calls(op Op) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[op]
+}
+
+// Record returns a snapshot of the record for key, and whether one exists.
+// A record past its expires-at instant still shows until a Claim replaces it
+// or PurgeExpired removes it, as in a real store.
+func (s *Store) Record(key string) (Record, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.recs[key]
+	if !ok {
+		return Record{}, false
+	}
+	return *r, true
+}
+
+// Len returns how many records the Store holds.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.recs)
+}
+
+// begin counts the call, checks ctx and pops an injected fault. It is
+// called with s.mu held.
+func (s *Store) begin(ctx context.Context, op Op) error {
+	if s.calls == nil {
+		s.calls = make(map[Op]int)
+	}
+	s.calls[op]++
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("fake: %v: %w", op, err)
+	}
+	if q := s.faults[op]; len(q) > 0 {
+		s.faults[op] = q[1:]
+		return q[0]
+	}
+	return nil
+}
+
+// Claim implements store.Backend.
+func (s *Store) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Result{}, err
+	}
+	if err := store.ValidateLease(lease); err != nil {
+		return store.Result{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(ctx, OpClaim); err != nil {
+		return store.Result{}, err
+	}
+	now := s.clock()
+	r, ok := s.recs[key]
+	switch {
+	case !ok:
+		r = &Record{}
+		if s.recs == nil {
+			s.recs = make(map[string]*Record)
+		}
+		s.recs[key] = r
+	case r.State == store.Done && now.Before(r.ExpiresAt):
+		return store.Result{Outcome: store.AlreadyDone, Until: r.ExpiresAt}, nil
+	case r.State == store.Claimed && now.Before(r.LeaseExpiry):
+		return store.Result{Outcome: store.HeldByOther, Until: r.LeaseExpiry}, nil
+	}
+	s.tokens++
+	r.State = store.Claimed
+	r.Fence++
+	r.Token = "fake-" + strconv.FormatInt(s.tokens, 10)
+	r.LeaseExpiry = now.Add(lease)
+	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	return store.Result{
+		Outcome: store.Won,
+		Claim:   store.Claim{Key: key, Fence: r.Fence, Token: r.Token, LeaseExpiry: r.LeaseExpiry},
+	}, nil
+}
+
+// Complete implements store.Backend.
+func (s *Store) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(ctx, OpComplete); err != nil {
+		return false, err
+	}
+	r, ok := s.recs[c.Key]
+	if !ok || r.Fence != c.Fence {
+		return false, nil
+	}
+	if r.State == store.Claimed {
+		r.State = store.Done
+		r.ExpiresAt = s.clock().Add(s.TTL())
+	}
+	return true, nil
+}
+
+// Release implements store.Backend.
+func (s *Store) Release(ctx context.Context, c store.Claim) error {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(ctx, OpRelease); err != nil {
+		return err
+	}
+	r, ok := s.recs[c.Key]
+	if !ok || r.State != store.Claimed || r.Fence != c.Fence {
+		return nil
+	}
+	r.Fence++
+	r.LeaseExpiry = s.clock()
+	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	return nil
+}
+
+// Extend implements store.Extender.
+func (s *Store) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	if err := store.ValidateLease(lease); err != nil {
+		return c, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.begin(ctx, OpExtend); err != nil {
+		return c, err
+	}
+	r, ok := s.recs[c.Key]
+	if !ok || r.State != store.Claimed || r.Fence != c.Fence {
+		return c, fmt.Errorf("fake: extend %q fence %d: %w", c.Key, c.Fence, store.ErrLost)
+	}
+	r.LeaseExpiry = s.clock().Add(lease)
+	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	c.LeaseExpiry = r.LeaseExpiry
+	return c, nil
+}
+
+// PurgeExpired implements store.Purger.
+func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("fake: PurgeExpired: %w", err)
+	}
+	now := s.clock()
+	n := 0
+	for k, r := range s.recs {
+		if limit > 0 && n >= limit {
+			break
+		}
+		if !now.Before(r.ExpiresAt) {
+			delete(s.recs, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Clock is a manual clock for tests: it stands still until Advance or Set
+// moves it. It is safe for concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a Clock that reads start.
+func NewClock(start time.Time) *Clock {
+	return &Clock{now: start}
+}
+
+// Now returns the clock's current time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d (backward when d is negative).
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// Set moves the clock to t.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}

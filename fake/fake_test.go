@@ -1,0 +1,170 @@
+package fake_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+	"github.com/google/go-cmp/cmp"
+)
+
+var epoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func TestContract(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := fake.NewClock(epoch)
+		return storetest.Harness{
+			Backend: fake.New(fake.WithClock(clock.Now)),
+			TTL:     store.DefaultTTL,
+			Advance: clock.Advance,
+		}
+	})
+}
+
+// The suite also holds with the system clock and real waiting.
+func TestContractRealTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time contract run skipped in -short mode")
+	}
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		return storetest.Harness{
+			Backend: fake.New(fake.WithTTL(500 * time.Millisecond)),
+			TTL:     500 * time.Millisecond,
+			Step:    20 * time.Millisecond,
+		}
+	})
+}
+
+func TestZeroValueIsUsable(t *testing.T) {
+	var s fake.Store
+	ctx := context.Background()
+	r, err := s.Claim(ctx, "k", time.Minute)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("Claim on zero Store = %v, %v", r.Outcome, err)
+	}
+	if s.TTL() != store.DefaultTTL {
+		t.Fatalf("TTL() = %v, want %v", s.TTL(), store.DefaultTTL)
+	}
+	rec, ok := s.Record("k")
+	if !ok || rec.ExpiresAt.Sub(rec.LeaseExpiry) != store.DefaultTTL {
+		t.Fatalf("record %+v: a claimed record must outlive its lease by the ttl", rec)
+	}
+}
+
+func TestRecordShowsTheStateMachine(t *testing.T) {
+	clock := fake.NewClock(epoch)
+	s := fake.New(fake.WithClock(clock.Now), fake.WithTTL(10*time.Minute))
+	ctx := context.Background()
+
+	r, _ := s.Claim(ctx, "po-1", time.Minute)
+	rec, _ := s.Record("po-1")
+	want := fake.Record{
+		State:       store.Claimed,
+		Fence:       1,
+		Token:       r.Claim.Token,
+		LeaseExpiry: epoch.Add(time.Minute),
+		ExpiresAt:   epoch.Add(11 * time.Minute),
+	}
+	if diff := cmp.Diff(want, rec); diff != "" {
+		t.Fatalf("after claim (-want +got):\n%s", diff)
+	}
+
+	clock.Advance(30 * time.Second)
+	if err := s.Release(ctx, r.Claim); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = s.Record("po-1")
+	want = fake.Record{
+		State:       store.Claimed,
+		Fence:       2,
+		Token:       r.Claim.Token,
+		LeaseExpiry: epoch.Add(30 * time.Second),
+		ExpiresAt:   epoch.Add(30*time.Second + 10*time.Minute),
+	}
+	if diff := cmp.Diff(want, rec); diff != "" {
+		t.Fatalf("after release (-want +got):\n%s", diff)
+	}
+
+	r, _ = s.Claim(ctx, "po-1", time.Minute)
+	clock.Advance(5 * time.Minute) // the work outran its lease; nobody reclaimed
+	if ok, err := s.Complete(ctx, r.Claim); !ok || err != nil {
+		t.Fatalf("Complete = %v, %v", ok, err)
+	}
+	rec, _ = s.Record("po-1")
+	want = fake.Record{
+		State:       store.Done,
+		Fence:       3,
+		Token:       r.Claim.Token,
+		LeaseExpiry: epoch.Add(90 * time.Second),
+		ExpiresAt:   epoch.Add(30*time.Second + 5*time.Minute + 10*time.Minute),
+	}
+	if diff := cmp.Diff(want, rec); diff != "" {
+		t.Fatalf("after complete (-want +got):\n%s", diff)
+	}
+	if s.Len() != 1 {
+		t.Fatalf("Len = %d, want 1", s.Len())
+	}
+}
+
+func TestFailNextInjectsOneFaultPerCall(t *testing.T) {
+	s := fake.New()
+	ctx := context.Background()
+	boom := errors.New("boom")
+	s.FailNext(fake.OpClaim, boom)
+	if _, err := s.Claim(ctx, "k", time.Minute); !errors.Is(err, boom) {
+		t.Fatalf("first Claim err = %v, want boom", err)
+	}
+	if _, ok := s.Record("k"); ok {
+		t.Fatal("a failed claim left a record")
+	}
+	r, err := s.Claim(ctx, "k", time.Minute)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("second Claim = %v, %v", r.Outcome, err)
+	}
+	s.FailNext(fake.OpComplete, boom)
+	if _, err := s.Complete(ctx, r.Claim); !errors.Is(err, boom) {
+		t.Fatalf("Complete err = %v, want boom", err)
+	}
+	if rec, _ := s.Record("k"); rec.State != store.Claimed {
+		t.Fatalf("a failed complete changed the state to %v", rec.State)
+	}
+	if got := s.Calls(fake.OpClaim); got != 2 {
+		t.Fatalf("Calls(OpClaim) = %d, want 2", got)
+	}
+	if got := fake.OpRelease.String(); got != "Release" {
+		t.Fatalf("OpRelease.String() = %q", got)
+	}
+}
+
+func TestInvalidTTLPanicsWithAClearMessage(t *testing.T) {
+	defer func() {
+		r := recover()
+		msg, _ := r.(string)
+		if !strings.Contains(msg, "ttl") || !strings.Contains(msg, "-1s") {
+			t.Fatalf("recover() = %v, want a message", r)
+		}
+	}()
+	fake.New(fake.WithTTL(-time.Second))
+}
+
+func TestPurgeHonoursTheLimit(t *testing.T) {
+	clock := fake.NewClock(epoch)
+	s := fake.New(fake.WithClock(clock.Now), fake.WithTTL(time.Minute))
+	ctx := context.Background()
+	for _, k := range []string{"a", "b", "c"} {
+		r, _ := s.Claim(ctx, k, time.Minute)
+		s.Complete(ctx, r.Claim)
+	}
+	clock.Advance(2 * time.Minute)
+	if n, err := s.PurgeExpired(ctx, 2); n != 2 || err != nil {
+		t.Fatalf("PurgeExpired(2) = %d, %v", n, err)
+	}
+	if n, _ := s.PurgeExpired(ctx, 2); n != 1 {
+		t.Fatalf("second PurgeExpired(2) = %d, want 1", n)
+	}
+}
