@@ -1,0 +1,157 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// CloudEventFunc is the signature of a CloudEvent function, as
+// functions.CloudEvent and funcframework.RegisterCloudEventFunctionContext
+// take it.
+type CloudEventFunc = func(context.Context, event.Event) error
+
+// DisableEnv names the environment variable that turns Idempotent into a
+// pass-through: set to 1, true, yes or on (any case), the handler runs
+// unguarded and the backend is never called. It is meant for unit tests of
+// a handler body; never set it in production, where a redelivery would then
+// run the work again.
+const DisableEnv = "GCP_PUBSUB_IDEMPOTENCY_DISABLED"
+
+// ErrNoKey reports an event from which no key could be resolved. Idempotent
+// refuses such an event (a nack) unless AllowUnguarded is set.
+var ErrNoKey = errors.New("idempotency: event has no key")
+
+type config struct {
+	lock      lockConfig
+	key       KeyFunc
+	prefix    string
+	unguarded bool
+	onDup     func(context.Context, string) error
+}
+
+type option func(*config)
+
+func (f option) applyIdempotent(c *config) { f(c) }
+
+// WithKey sets how Idempotent finds an event's key. The default is
+// MessageID().
+func WithKey(f KeyFunc) Option {
+	return option(func(c *config) { c.key = f })
+}
+
+// WithKeyPrefix puts prefix in front of every resolved key, so that several
+// handlers can share one backend without their keys meeting (for example
+// "orders:" and "refunds:").
+func WithKeyPrefix(prefix string) Option {
+	return option(func(c *config) { c.prefix = prefix })
+}
+
+// AllowUnguarded makes Idempotent run the handler without a lock, with a
+// warning, for an event that has no key. By default such an event is
+// refused with an error wrapping ErrNoKey, so it is retried and reaches the
+// subscription's dead-letter topic rather than running unguarded.
+func AllowUnguarded() Option {
+	return option(func(c *config) { c.unguarded = true })
+}
+
+// OnDuplicate sets a hook called with the key when a delivery is suppressed
+// as a duplicate, for a metric or a log line. The delivery is acked whatever
+// the hook does: an error it returns, or a panic, is logged and ignored.
+func OnDuplicate(hook func(ctx context.Context, key string) error) Option {
+	return option(func(c *config) { c.onDup = hook })
+}
+
+// Disabled reports whether DisableEnv is set to 1, true, yes or on.
+func Disabled() bool {
+	switch strings.ToLower(strings.TrimSpace(os.Getenv(DisableEnv))) {
+	case "1", "true", "yes", "on":
+		return true
+	}
+	return false
+}
+
+// Idempotent returns a decorator that makes a CloudEvent function an
+// idempotent consumer of Pub/Sub push deliveries:
+//
+//	functions.CloudEvent("HandleOrder", idempotency.Idempotent(backend)(handleOrder))
+//
+// For each event it resolves the key (the Pub/Sub messageId unless WithKey
+// says otherwise, behind WithKeyPrefix), runs the handler under Lock, and
+// maps the outcome to what the functions framework puts on the wire:
+//
+//	handler returned nil                   nil              200, ack
+//	duplicate (key done within the ttl)    nil              200, ack; handler not run
+//	key held by a live lease elsewhere     503 result       503, nack; one warning log
+//	handler returned or wrapped ErrInProgress  503 result   503, nack (e.g. an inner Mutex)
+//	handler returned an error              that error       500 (or its own status), nack
+//	no key (and no AllowUnguarded)         ErrNoKey         500, nack; handler not run
+//	malformed event data                   ErrMalformedEvent 500, nack; handler not run
+//	backend failed to claim                the wrapped error 500, nack; handler not run
+//
+// The 503 is a cloudevents HTTP result (cehttp.NewResult) that wraps the
+// *InProgressError, so errors.Is(err, ErrInProgress) holds for it. The
+// warning carries the key, when the key frees, and the message's
+// deliveryAttempt when the subscription has a dead-letter policy.
+//
+// If DisableEnv is set when Idempotent is called, it logs one warning and
+// returns the handler unchanged. Otherwise Idempotent panics, when it is
+// called, on a nil backend, a non-positive lease or settle timeout, a nil
+// KeyFunc, or a prefix that is not a valid key part: these are mistakes in
+// the program, found at start-up.
+func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
+	cfg := config{lock: newLockConfig(), key: MessageID()}
+	for _, o := range opts {
+		o.applyIdempotent(&cfg)
+	}
+	if Disabled() {
+		cfg.lock.log().Warn("idempotency: " + DisableEnv + " is set; handlers run unguarded and duplicates are NOT suppressed")
+		return func(h CloudEventFunc) CloudEventFunc { return h }
+	}
+	if b == nil {
+		panic("idempotency.Idempotent: nil backend")
+	}
+	if err := cfg.lock.validate(); err != nil {
+		panic("idempotency.Idempotent: " + err.Error())
+	}
+	if cfg.key == nil {
+		panic("idempotency.Idempotent: nil KeyFunc")
+	}
+	if cfg.prefix != "" {
+		if err := store.ValidateKey(cfg.prefix); err != nil {
+			panic("idempotency.Idempotent: key prefix: " + err.Error())
+		}
+	}
+	return func(h CloudEventFunc) CloudEventFunc {
+		if h == nil {
+			panic("idempotency.Idempotent: nil handler")
+		}
+		return func(ctx context.Context, e event.Event) error {
+			return cfg.deliver(ctx, b, h, e)
+		}
+	}
+}
+
+func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, e event.Event) error {
+	key, err := c.key(e)
+	if err != nil {
+		return fmt.Errorf("idempotency: event %q: resolving the key: %w", e.ID(), err)
+	}
+	if key == "" {
+		if !c.unguarded {
+			return fmt.Errorf("%w: event %q (type %q); refusing to run it unguarded", ErrNoKey, e.ID(), e.Type())
+		}
+		c.lock.log().WarnContext(ctx, "idempotency: event has no key; running the handler unguarded (AllowUnguarded)",
+			"event_id", e.ID(), "event_type", e.Type())
+		return h(ctx, e)
+	}
+	key = c.prefix + key
+	err = run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
+	return c.outcome(ctx, e, key, err)
+}

@@ -1,0 +1,83 @@
+package idempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+)
+
+// KeyFunc resolves the idempotency key of an event. An empty key with a nil
+// error means the event has no key: Idempotent then refuses it (nack) unless
+// AllowUnguarded is set. A non-nil error nacks the event.
+//
+// The key decides what counts as a duplicate. MessageID catches
+// redeliveries of one publish; a business key (Attribute, JSONField, or a
+// func of your own) also catches a producer publishing the same thing twice.
+type KeyFunc func(e event.Event) (string, error)
+
+// MessageID keys an event by its Pub/Sub messageId (see ParsePubSub). It is
+// Idempotent's default.
+func MessageID() KeyFunc {
+	return func(e event.Event) (string, error) {
+		ev, err := ParsePubSub(e)
+		if err != nil {
+			return "", err
+		}
+		return ev.Message.ID, nil
+	}
+}
+
+// Attribute keys an event by the Pub/Sub message attribute name. A message
+// without that attribute is unkeyed.
+func Attribute(name string) KeyFunc {
+	return func(e event.Event) (string, error) {
+		ev, err := ParsePubSub(e)
+		if err != nil {
+			return "", err
+		}
+		return ev.Message.Attributes[name], nil
+	}
+}
+
+// JSONField keys an event by a field of its Pub/Sub message payload, which
+// must be a JSON object: JSONField("order", "id") reads {"order":{"id":...}}.
+// A string is used as is; a number or boolean in its JSON spelling. A
+// missing or null field makes the event unkeyed; a payload that is not JSON,
+// or a field that is an object or array, is an error.
+func JSONField(path ...string) KeyFunc {
+	return func(e event.Event) (string, error) {
+		ev, err := ParsePubSub(e)
+		if err != nil {
+			return "", err
+		}
+		dec := json.NewDecoder(bytes.NewReader(ev.Message.Data))
+		dec.UseNumber()
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			return "", fmt.Errorf("%w: message %q payload is not JSON: %v", ErrMalformedEvent, ev.Message.ID, err)
+		}
+		for _, p := range path {
+			obj, ok := v.(map[string]any)
+			if !ok {
+				return "", nil
+			}
+			if v, ok = obj[p]; !ok {
+				return "", nil
+			}
+		}
+		switch x := v.(type) {
+		case nil:
+			return "", nil
+		case string:
+			return x, nil
+		case json.Number:
+			return x.String(), nil
+		case bool:
+			return strconv.FormatBool(x), nil
+		}
+		return "", fmt.Errorf("idempotency: key field %q of message %q is a %T, not a scalar", path, ev.Message.ID, v)
+	}
+}

@@ -1,0 +1,257 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// ErrDuplicate is returned by Lock when the key was already completed within
+// its ttl: the body did not run. A message handler should ack it.
+var ErrDuplicate = errors.New("idempotency: duplicate")
+
+// ErrInProgress is returned by Lock and Mutex when another holder's lease on
+// the key is live (and by Mutex when the key was completed by Lock): the body
+// did not run. A message handler should nack it so the message comes back
+// later. The error is an *InProgressError, which says until when.
+var ErrInProgress = errors.New("idempotency: in progress")
+
+// InProgressError is the error Lock and Mutex return for a key that someone
+// else holds. errors.Is(err, ErrInProgress) reports true for it.
+type InProgressError struct {
+	// Key is the contended key.
+	Key string
+	// Until is when the holder's lease lapses (or, with Done, when the
+	// completed record expires); zero when the backend does not say.
+	Until time.Time
+	// Done reports that the key is completed, not held: Mutex refuses to run
+	// over a key that Lock completed.
+	Done bool
+}
+
+// Error describes the contention and, when known, when it ends.
+func (e *InProgressError) Error() string {
+	what := "is held by another delivery"
+	if e.Done {
+		what = "was completed by Lock; Mutex will not run over it"
+	}
+	if e.Until.IsZero() {
+		return fmt.Sprintf("idempotency: key %q %s", e.Key, what)
+	}
+	return fmt.Sprintf("idempotency: key %q %s until %s", e.Key, what, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// DefaultSettleTimeout bounds the Complete or Release call that follows the
+// body. That call runs on a context detached from the caller's cancellation,
+// so a request that ends the moment the work ends still records the outcome.
+const DefaultSettleTimeout = 10 * time.Second
+
+type lockConfig struct {
+	lease  time.Duration
+	settle time.Duration
+	logger *slog.Logger
+}
+
+func (c *lockConfig) log() *slog.Logger {
+	if c.logger != nil {
+		return c.logger
+	}
+	return slog.Default()
+}
+
+func (c *lockConfig) validate() error {
+	if err := store.ValidateLease(c.lease); err != nil {
+		return err
+	}
+	if c.settle <= 0 {
+		return fmt.Errorf("idempotency: settle timeout %v is not positive", c.settle)
+	}
+	return nil
+}
+
+func newLockConfig() lockConfig {
+	return lockConfig{lease: store.DefaultLease, settle: DefaultSettleTimeout}
+}
+
+// Option configures Idempotent.
+type Option interface {
+	applyIdempotent(*config)
+}
+
+// LockOption configures Lock and Mutex. Every LockOption is also an Option
+// for Idempotent.
+type LockOption interface {
+	Option
+	applyLock(*lockConfig)
+}
+
+type lockOption func(*lockConfig)
+
+func (f lockOption) applyLock(c *lockConfig)     { f(c) }
+func (f lockOption) applyIdempotent(c *config) { f(&c.lock) }
+
+// WithLease sets the lease of each claim: how long the holder owns the key
+// before another delivery may take it over. It must exceed the longest run
+// of the guarded work. The default is store.DefaultLease (15 minutes). A
+// lease that is not positive makes Lock and Mutex return an error wrapping
+// store.ErrInvalidLease, and makes Idempotent panic.
+func WithLease(d time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.lease = d })
+}
+
+// WithLogger sets where warnings and errors go. The default is
+// slog.Default() at the time of the call.
+func WithLogger(l *slog.Logger) LockOption {
+	return lockOption(func(c *lockConfig) { c.logger = l })
+}
+
+// WithSettleTimeout bounds the Complete or Release call after the body. The
+// default is DefaultSettleTimeout.
+func WithSettleTimeout(d time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.settle = d })
+}
+
+type claimKey struct{}
+
+// ClaimFrom returns the claim under which the current body runs. Lock and
+// Mutex put it in the context they pass to the body. Its Fence rises with
+// every new holder of the key, so a sink that remembers the highest fence
+// it has seen per key can refuse writes from a holder that was replaced.
+func ClaimFrom(ctx context.Context) (store.Claim, bool) {
+	c, ok := ctx.Value(claimKey{}).(store.Claim)
+	return c, ok
+}
+
+// Lock runs fn at most once per key: it claims key on b, runs fn, and marks
+// the key done when fn returns nil.
+//
+//   - Key completed within its ttl: fn does not run; Lock returns an error
+//     wrapping ErrDuplicate.
+//   - Key held by a live lease elsewhere: fn does not run; Lock returns an
+//     *InProgressError (errors.Is ErrInProgress).
+//   - fn returns an error: the claim is released (the key can be claimed at
+//     once) and Lock returns fn's error unchanged.
+//   - fn panics: the claim is released and the panic continues.
+//   - fn returns nil: Lock completes the key and returns nil. If Complete
+//     fails, or the claim was fenced out because fn outran its lease and
+//     another delivery took the key, Lock logs an error and still returns
+//     nil: the work happened, and reporting failure would make the message
+//     come back and the work run again.
+//
+// A claim error is returned wrapped. fn receives a context carrying the
+// claim (see ClaimFrom). Complete and Release run on a context that ignores
+// ctx's cancellation, bounded by the settle timeout.
+func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
+	cfg := newLockConfig()
+	for _, o := range opts {
+		o.applyLock(&cfg)
+	}
+	return run(ctx, b, key, fn, &cfg, false)
+}
+
+// Mutex runs fn with key held, so that no two calls for the same key run
+// at once anywhere, and then releases the key. Unlike Lock it never marks
+// the key done: every call runs fn, one at a time.
+//
+//   - Key held elsewhere, or completed by Lock: fn does not run; Mutex
+//     returns an *InProgressError (errors.Is ErrInProgress).
+//   - fn returns: the claim is released and Mutex returns fn's error
+//     unchanged (nil included). A failed Release is logged, not returned:
+//     the lease lapses by itself.
+//   - fn panics: the claim is released and the panic continues.
+//
+// Mutex excludes; it does not order. Calls that find the key busy must try
+// again later, and may then run in any order.
+func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
+	cfg := newLockConfig()
+	for _, o := range opts {
+		o.applyLock(&cfg)
+	}
+	return run(ctx, b, key, fn, &cfg, true)
+}
+
+func run(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, cfg *lockConfig, mutex bool) error {
+	if b == nil {
+		return errors.New("idempotency: nil backend")
+	}
+	if fn == nil {
+		return errors.New("idempotency: nil body")
+	}
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("idempotency: %w", err)
+	}
+	res, err := b.Claim(ctx, key, cfg.lease)
+	if err != nil {
+		return fmt.Errorf("idempotency: claim %q: %w", key, err)
+	}
+	switch res.Outcome {
+	case store.Won:
+	case store.AlreadyDone:
+		if mutex {
+			return &InProgressError{Key: key, Until: res.Until, Done: true}
+		}
+		return fmt.Errorf("%w: key %q already completed", ErrDuplicate, key)
+	case store.HeldByOther:
+		return &InProgressError{Key: key, Until: res.Until}
+	default:
+		return fmt.Errorf("idempotency: claim %q: backend returned unknown outcome %v", key, res.Outcome)
+	}
+	c := res.Claim
+	log := cfg.log()
+	if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) {
+		log.WarnContext(ctx, "idempotency: the request may outlive its lease; raise the lease above the request timeout",
+			"key", key, "lease", cfg.lease, "deadline_in", time.Until(dl).Round(time.Second))
+	}
+
+	settled := false
+	defer func() {
+		if settled {
+			return
+		}
+		// fn panicked or called runtime.Goexit: give the key back at once.
+		if err := settle(ctx, cfg, func(ctx context.Context) error { return b.Release(ctx, c) }); err != nil {
+			log.ErrorContext(ctx, "idempotency: release after a panic failed; the key frees when its lease lapses",
+				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
+		}
+	}()
+	ferr := fn(context.WithValue(ctx, claimKey{}, c))
+	settled = true
+
+	if ferr != nil || mutex {
+		if err := settle(ctx, cfg, func(ctx context.Context) error { return b.Release(ctx, c) }); err != nil {
+			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
+				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
+		}
+		return ferr
+	}
+
+	var done bool
+	err = settle(ctx, cfg, func(ctx context.Context) (err error) {
+		done, err = b.Complete(ctx, c)
+		return err
+	})
+	switch {
+	case err != nil:
+		log.ErrorContext(ctx, "idempotency: the work ran but marking the key done failed; acknowledging anyway, a redelivery after the lease may repeat the work",
+			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
+	case !done:
+		log.ErrorContext(ctx, "idempotency: the work ran but the claim was fenced out (the work outran its lease and another delivery took the key, which may repeat the work); acknowledging anyway; raise the lease",
+			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
+	}
+	return nil
+}
+
+// settle runs op on a context that keeps ctx's values but not its
+// cancellation, bounded by the settle timeout.
+func settle(ctx context.Context, cfg *lockConfig, op func(context.Context) error) error {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.settle)
+	defer cancel()
+	return op(sctx)
+}

@@ -1,0 +1,474 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+func TestLockRedeliveryIsADuplicate(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	runs := 0
+	body := func(context.Context) error { runs++; return nil }
+
+	if err := idempotency.Lock(ctx, s, "msg-1", body); err != nil {
+		t.Fatalf("first delivery: %v", err)
+	}
+	err := idempotency.Lock(ctx, s, "msg-1", body)
+	if !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("redelivery: err = %v, want ErrDuplicate", err)
+	}
+	if !strings.Contains(err.Error(), `"msg-1"`) {
+		t.Errorf("duplicate error %q does not name the key", err)
+	}
+	if runs != 1 {
+		t.Fatalf("body ran %d times, want 1", runs)
+	}
+	if rec, _ := s.Record("msg-1"); rec.State != store.Done || rec.Fence != 1 {
+		t.Fatalf("record %+v, want done with fence 1", rec)
+	}
+}
+
+func TestLockConcurrentSameKeyAdmitsOneBody(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	const n = 32
+	var (
+		runs    atomic.Int32
+		release = make(chan struct{})
+		results = make(chan error, n)
+		start   = make(chan struct{})
+	)
+	body := func(context.Context) error {
+		runs.Add(1)
+		<-release // hold the key until every other racer has given up
+		return nil
+	}
+	for range n {
+		go func() {
+			<-start
+			results <- idempotency.Lock(ctx, s, "msg-race", body)
+		}()
+	}
+	close(start)
+	// The winner cannot return before release closes, so the first n-1
+	// results are the losers'.
+	for range n - 1 {
+		if err := <-results; !errors.Is(err, idempotency.ErrInProgress) {
+			t.Errorf("loser: err = %v, want ErrInProgress", err)
+		}
+	}
+	close(release)
+	if err := <-results; err != nil {
+		t.Fatalf("winner: %v", err)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("body ran %d times, want 1", runs.Load())
+	}
+	// The refused deliveries come back later and find the key done.
+	if err := idempotency.Lock(ctx, s, "msg-race", body); !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("retry after the winner finished: %v, want ErrDuplicate", err)
+	}
+}
+
+func TestLockTransientFailureReleasesAndTheRetrySucceedsOnce(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	transient := errors.New("supplier timed out")
+	attempts, sends := 0, 0
+	body := func(context.Context) error {
+		attempts++
+		if attempts == 1 {
+			return transient
+		}
+		sends++
+		return nil
+	}
+	err := idempotency.Lock(ctx, s, "msg-2", body)
+	if err != transient {
+		t.Fatalf("failed body: err = %v, want the body's own error unchanged", err)
+	}
+	rec, _ := s.Record("msg-2")
+	if rec.State != store.Claimed || rec.Fence != 2 || !rec.LeaseExpiry.Equal(epoch) {
+		t.Fatalf("after the failure the record is %+v; want released (fence 2, lease expired now)", rec)
+	}
+	// The redelivery reclaims at once: no waiting for the lease.
+	if err := idempotency.Lock(ctx, s, "msg-2", body); err != nil {
+		t.Fatalf("redelivery: %v", err)
+	}
+	if err := idempotency.Lock(ctx, s, "msg-2", body); !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("third delivery: %v, want ErrDuplicate", err)
+	}
+	if sends != 1 || attempts != 2 {
+		t.Fatalf("attempts=%d sends=%d, want 2 and 1", attempts, sends)
+	}
+}
+
+func TestLockCrashedHolderSelfHealsAfterTheLease(t *testing.T) {
+	s, clock := newStore(t)
+	ctx := t.Context()
+	// A holder claims and dies: no Complete, no Release.
+	if _, err := s.Claim(ctx, "msg-3", store.DefaultLease); err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	body := func(context.Context) error { runs++; return nil }
+	err := idempotency.Lock(ctx, s, "msg-3", body)
+	var ip *idempotency.InProgressError
+	if !errors.As(err, &ip) || !ip.Until.Equal(epoch.Add(store.DefaultLease)) {
+		t.Fatalf("while the dead holder's lease is live: err = %v, want InProgressError until %v", err, epoch.Add(store.DefaultLease))
+	}
+	clock.Advance(store.DefaultLease)
+	if err := idempotency.Lock(ctx, s, "msg-3", body); err != nil {
+		t.Fatalf("after the lease lapsed: %v", err)
+	}
+	if rec, _ := s.Record("msg-3"); runs != 1 || rec.State != store.Done || rec.Fence != 2 {
+		t.Fatalf("runs=%d record=%+v; want 1 run, done, fence 2", runs, rec)
+	}
+}
+
+func TestLockRecordsDoneWhenWorkOutrunsAnUnreclaimedLease(t *testing.T) {
+	s, clock := newStore(t)
+	ctx := t.Context()
+	l, logger := newLogs()
+	err := idempotency.Lock(ctx, s, "msg-4", func(context.Context) error {
+		clock.Advance(time.Hour) // far past the 1-minute lease; nobody else came
+		return nil
+	}, idempotency.WithLease(time.Minute), idempotency.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idempotency.Lock(ctx, s, "msg-4", func(context.Context) error {
+		t.Error("the redelivery ran the body again")
+		return nil
+	}); !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("redelivery: %v, want ErrDuplicate", err)
+	}
+	if e := l.find(t, "ERROR", ""); len(e) != 0 {
+		t.Fatalf("unexpected error logs: %v", e)
+	}
+}
+
+func TestLockAcksAndLogsWhenFencedOutByAReclaim(t *testing.T) {
+	s, clock := newStore(t)
+	ctx := t.Context()
+	l, logger := newLogs()
+	sends := 0
+	err := idempotency.Lock(ctx, s, "msg-5", func(context.Context) error {
+		sends++
+		clock.Advance(2 * time.Minute) // outran the lease...
+		// ...and a redelivery reclaimed the key and ran the work too.
+		if err := idempotency.Lock(ctx, s, "msg-5", func(context.Context) error { sends++; return nil }); err != nil {
+			t.Errorf("reclaiming delivery: %v", err)
+		}
+		return nil
+	}, idempotency.WithLease(time.Minute), idempotency.WithLogger(logger))
+	if err != nil {
+		t.Fatalf("fenced-out holder: err = %v, want nil (ack: the send happened)", err)
+	}
+	recs := l.find(t, "ERROR", "fenced out")
+	if len(recs) != 1 || recs[0]["key"] != "msg-5" || recs[0]["fence"] != float64(1) {
+		t.Fatalf("want one error log naming key msg-5 and fence 1; got %v", l.records(t))
+	}
+	if rec, _ := s.Record("msg-5"); rec.State != store.Done || rec.Fence != 2 {
+		t.Fatalf("record %+v: the reclaimer's completion must stand", rec)
+	}
+	if sends != 2 {
+		t.Fatalf("sends = %d; the reclaimer re-ran the work, which only a longer lease prevents", sends)
+	}
+}
+
+func TestLockAcksAndLogsWhenCompleteFails(t *testing.T) {
+	s, _ := newStore(t)
+	l, logger := newLogs()
+	s.FailNext(fake.OpComplete, errors.New("datastore unavailable"))
+	sent := false
+	err := idempotency.Lock(t.Context(), s, "msg-6", func(context.Context) error {
+		sent = true
+		return nil
+	}, idempotency.WithLogger(logger))
+	if err != nil || !sent {
+		t.Fatalf("err = %v sent = %v; want nil (ack) after the send", err, sent)
+	}
+	recs := l.find(t, "ERROR", "marking the key done failed")
+	if len(recs) != 1 || !strings.Contains(recs[0]["error"].(string), "datastore unavailable") {
+		t.Fatalf("want one error log carrying the store error; got %v", l.records(t))
+	}
+}
+
+func TestLockCompletesOnAContextDetachedFromTheRequest(t *testing.T) {
+	s, _ := newStore(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	err := idempotency.Lock(ctx, s, "msg-7", func(context.Context) error {
+		cancel() // the request ends the moment the work ends
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Record("msg-7"); rec.State != store.Done {
+		t.Fatalf("record %+v: the completion was lost to the cancellation", rec)
+	}
+}
+
+func TestLockBoundsTheSettleCallWithItsOwnDeadline(t *testing.T) {
+	s := fake.New()
+	var got time.Duration
+	var gotErr error
+	b := backendFunc{
+		claim: s.Claim,
+		complete: func(ctx context.Context, c store.Claim) (bool, error) {
+			dl, ok := ctx.Deadline()
+			if !ok {
+				t.Error("Complete ran without a deadline")
+			}
+			got, gotErr = time.Until(dl), ctx.Err()
+			return s.Complete(ctx, c)
+		},
+		release: s.Release,
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	err := idempotency.Lock(ctx, b, "msg-8", func(context.Context) error { cancel(); return nil },
+		idempotency.WithSettleTimeout(3*time.Second))
+	if err != nil || gotErr != nil {
+		t.Fatalf("err = %v, settle ctx err = %v", err, gotErr)
+	}
+	if got <= 0 || got > 3*time.Second {
+		t.Fatalf("settle deadline %v away, want within 3s", got)
+	}
+}
+
+func TestLockPanicReleasesThenRepanics(t *testing.T) {
+	s, _ := newStore(t)
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Fatalf("recovered %v, want the body's panic value", p)
+			}
+		}()
+		idempotency.Lock(t.Context(), s, "msg-9", func(context.Context) error { panic("boom") })
+		t.Fatal("Lock returned after a panicking body")
+	}()
+	rec, _ := s.Record("msg-9")
+	if rec.State != store.Claimed || rec.Fence != 2 || !rec.LeaseExpiry.Equal(epoch) {
+		t.Fatalf("record %+v: want released (fence 2, lease expired)", rec)
+	}
+}
+
+func TestLockGoexitReleases(t *testing.T) {
+	s, _ := newStore(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		idempotency.Lock(context.Background(), s, "msg-10", func(context.Context) error {
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	<-done
+	if rec, _ := s.Record("msg-10"); rec.Fence != 2 || rec.State != store.Claimed {
+		t.Fatalf("record %+v: want released", rec)
+	}
+}
+
+func TestLockReleaseFailureStillReturnsTheBodysError(t *testing.T) {
+	s, _ := newStore(t)
+	l, logger := newLogs()
+	s.FailNext(fake.OpRelease, errors.New("network down"))
+	bodyErr := errors.New("body failed")
+	err := idempotency.Lock(t.Context(), s, "msg-11", func(context.Context) error { return bodyErr },
+		idempotency.WithLogger(logger))
+	if err != bodyErr {
+		t.Fatalf("err = %v, want the body's error", err)
+	}
+	if len(l.find(t, "WARN", "release failed")) != 1 {
+		t.Fatalf("want a warning about the failed release; got %v", l.records(t))
+	}
+}
+
+func TestLockTTLExpiryMakesTheKeyReclaimable(t *testing.T) {
+	s, clock := newStore(t)
+	ctx := t.Context()
+	runs := 0
+	body := func(context.Context) error { runs++; return nil }
+	idempotency.Lock(ctx, s, "msg-12", body)
+	clock.Advance(s.TTL() - time.Second)
+	if err := idempotency.Lock(ctx, s, "msg-12", body); !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("within the ttl: %v", err)
+	}
+	clock.Advance(time.Second)
+	if err := idempotency.Lock(ctx, s, "msg-12", body); err != nil {
+		t.Fatalf("after the ttl: %v", err)
+	}
+	if rec, _ := s.Record("msg-12"); runs != 2 || rec.Fence != 2 {
+		t.Fatalf("runs=%d fence=%d, want 2 and 2", runs, rec.Fence)
+	}
+}
+
+func TestLockPassesTheClaimToTheBody(t *testing.T) {
+	s, clock := newStore(t)
+	s.Claim(t.Context(), "msg-13", time.Minute) // an earlier holder whose lease lapses: fence 1
+	clock.Advance(time.Minute)
+	var got store.Claim
+	var ok bool
+	idempotency.Lock(t.Context(), s, "msg-13", func(ctx context.Context) error {
+		got, ok = idempotency.ClaimFrom(ctx)
+		return nil
+	})
+	if !ok || got.Key != "msg-13" || got.Fence != 2 {
+		t.Fatalf("ClaimFrom = %+v, %v; want key msg-13 fence 2", got, ok)
+	}
+	if _, ok := idempotency.ClaimFrom(t.Context()); ok {
+		t.Fatal("ClaimFrom found a claim outside a body")
+	}
+}
+
+func TestLockRefusesBadArguments(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	noop := func(context.Context) error { return nil }
+	if err := idempotency.Lock(ctx, s, "k", noop, idempotency.WithLease(0)); !errors.Is(err, store.ErrInvalidLease) {
+		t.Errorf("lease 0: %v", err)
+	}
+	if err := idempotency.Lock(ctx, s, "", noop); !errors.Is(err, store.ErrInvalidKey) {
+		t.Errorf("empty key: %v", err)
+	}
+	if err := idempotency.Lock(ctx, nil, "k", noop); err == nil {
+		t.Error("nil backend: no error")
+	}
+	if err := idempotency.Mutex(ctx, s, "k", nil); err == nil {
+		t.Error("nil body: no error")
+	}
+	if err := idempotency.Lock(ctx, s, "k", noop, idempotency.WithSettleTimeout(-1)); err == nil {
+		t.Error("negative settle timeout: no error")
+	}
+	if s.Len() != 0 {
+		t.Fatalf("refused calls left %d records", s.Len())
+	}
+}
+
+func TestLockWrapsClaimErrors(t *testing.T) {
+	s, _ := newStore(t)
+	boom := errors.New("connection refused")
+	s.FailNext(fake.OpClaim, boom)
+	ran := false
+	err := idempotency.Lock(t.Context(), s, "k", func(context.Context) error { ran = true; return nil })
+	if !errors.Is(err, boom) || ran {
+		t.Fatalf("err = %v ran = %v; want the claim error wrapped and no run", err, ran)
+	}
+}
+
+func TestLockWarnsWhenTheRequestCanOutliveTheLease(t *testing.T) {
+	s := fake.New()
+	l, logger := newLogs()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
+	defer cancel()
+	idempotency.Lock(ctx, s, "k", func(context.Context) error { return nil },
+		idempotency.WithLease(time.Minute), idempotency.WithLogger(logger))
+	if len(l.find(t, "WARN", "outlive its lease")) != 1 {
+		t.Fatalf("want a lease-sizing warning; got %v", l.records(t))
+	}
+}
+
+func TestMutexRunsEveryMessageAndNeverMarksDone(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	var applied []int
+	for i := range 3 {
+		err := idempotency.Mutex(ctx, s, "po:PO-1", func(context.Context) error {
+			applied = append(applied, i)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("update %d: %v", i, err)
+		}
+		rec, _ := s.Record("po:PO-1")
+		if rec.State != store.Claimed || rec.Fence != int64(2*(i+1)) {
+			t.Fatalf("after update %d: record %+v; want claimed (released), fence %d", i, rec, 2*(i+1))
+		}
+	}
+	if fmt.Sprint(applied) != "[0 1 2]" {
+		t.Fatalf("applied %v, want every update", applied)
+	}
+}
+
+func TestMutexConcurrentMessageIsInProgress(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	err := idempotency.Mutex(ctx, s, "po:PO-2", func(context.Context) error {
+		inner := idempotency.Mutex(ctx, s, "po:PO-2", func(context.Context) error {
+			t.Error("two bodies ran at once")
+			return nil
+		})
+		if !errors.Is(inner, idempotency.ErrInProgress) {
+			t.Errorf("concurrent message: %v, want ErrInProgress", inner)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMutexReturnsTheBodysErrorAndReleases(t *testing.T) {
+	s, _ := newStore(t)
+	bad := errors.New("bad update")
+	if err := idempotency.Mutex(t.Context(), s, "po:PO-3", func(context.Context) error { return bad }); err != bad {
+		t.Fatalf("err = %v", err)
+	}
+	if err := idempotency.Mutex(t.Context(), s, "po:PO-3", func(context.Context) error { return nil }); err != nil {
+		t.Fatalf("next message after a failure: %v", err)
+	}
+}
+
+func TestMutexOnAKeyCompletedByLockIsInProgress(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := t.Context()
+	idempotency.Lock(ctx, s, "po:PO-4", func(context.Context) error { return nil })
+	err := idempotency.Mutex(ctx, s, "po:PO-4", func(context.Context) error {
+		t.Error("Mutex ran over a completed key")
+		return nil
+	})
+	var ip *idempotency.InProgressError
+	if !errors.As(err, &ip) || !ip.Done || !strings.Contains(err.Error(), "completed by Lock") {
+		t.Fatalf("err = %v, want an InProgressError saying the key is done", err)
+	}
+}
+
+func TestMutexReleaseFailureIsLoggedNotReturned(t *testing.T) {
+	s, _ := newStore(t)
+	l, logger := newLogs()
+	s.FailNext(fake.OpRelease, errors.New("network down"))
+	err := idempotency.Mutex(t.Context(), s, "po:PO-5", func(context.Context) error { return nil },
+		idempotency.WithLogger(logger))
+	if err != nil {
+		t.Fatalf("err = %v: the update was applied, reporting failure would apply it again", err)
+	}
+	if len(l.find(t, "WARN", "release failed")) != 1 {
+		t.Fatalf("want a warning; got %v", l.records(t))
+	}
+}
+
+func TestInProgressErrorSaysUntilWhen(t *testing.T) {
+	err := error(&idempotency.InProgressError{Key: "k", Until: epoch})
+	if !errors.Is(err, idempotency.ErrInProgress) || errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatal("errors.Is mismatch")
+	}
+	if want := `idempotency: key "k" is held by another delivery until 2026-11-29T12:00:00Z`; err.Error() != want {
+		t.Fatalf("Error() = %q, want %q", err, want)
+	}
+	if got := (&idempotency.InProgressError{Key: "k"}).Error(); got != `idempotency: key "k" is held by another delivery` {
+		t.Fatalf("Error() without Until = %q", got)
+	}
+}
