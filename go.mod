@@ -3,9 +3,13 @@ module github.com/gcp-pubsub-idempotency/idempotency
 go 1.26
 
 require (
-	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2 // indirect
-	github.com/cloudevents/sdk-go/v2 v2.16.2 // indirect
-	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
+	github.com/cloudevents/sdk-go/v2 v2.16.2
+	github.com/google/go-cmp v0.7.0
+)
+
+require (
+	cloud.google.com/go/functions v1.19.3 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect

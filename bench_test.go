@@ -1,0 +1,110 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+)
+
+// deliveryRequest builds an Eventarc binary-mode delivery of message id.
+func deliveryRequest(url, id string) *http.Request {
+	body := `{"message":{"attributes":{"po_id":"PO-` + id + `"},"data":"eyJvcmRlciI6eyJpZCI6IlBPLTEwMDEifX0=","messageId":"` + id +
+		`","publishTime":"2026-11-29T12:00:00Z"},"subscription":"projects/p/subscriptions/s","deliveryAttempt":1}`
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader([]byte(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Ce-Id", id)
+	req.Header.Set("Ce-Source", "//pubsub.googleapis.com/projects/p/topics/t")
+	req.Header.Set("Ce-Specversion", "1.0")
+	req.Header.Set("Ce-Type", idempotency.PubSubEventType)
+	return req
+}
+
+// receiver is the CloudEvents HTTP handler the functions framework builds
+// around a CloudEvent function, without the TCP hop.
+func receiver(b *testing.B, fn idempotency.CloudEventFunc) http.Handler {
+	p, err := cloudevents.NewHTTP()
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, err := cloudevents.NewHTTPReceiveHandler(context.Background(), p, fn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return h
+}
+
+func noop(context.Context, cloudevents.Event) error { return nil }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// BenchmarkDelivery compares one delivery through the CloudEvents HTTP
+// handler, unwrapped and wrapped by Idempotent on fake.Store: fresh message
+// ids (claim + complete each) and redeliveries of one id (a duplicate).
+func BenchmarkDelivery(b *testing.B) {
+	cases := []struct {
+		name  string
+		fn    func() idempotency.CloudEventFunc
+		fresh bool
+	}{
+		{"unwrapped", func() idempotency.CloudEventFunc { return noop }, true},
+		{"wrapped", func() idempotency.CloudEventFunc {
+			return idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet))(noop)
+		}, true},
+		{"wrapped_duplicate", func() idempotency.CloudEventFunc {
+			return idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet))(noop)
+		}, false},
+	}
+	for _, c := range cases {
+		b.Run("in-process/"+c.name, func(b *testing.B) {
+			h := receiver(b, c.fn())
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				id := "1"
+				if c.fresh {
+					id = strconv.Itoa(i)
+				}
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, deliveryRequest("/", id))
+				if w.Code != http.StatusOK {
+					b.Fatalf("status %d", w.Code)
+				}
+			}
+		})
+	}
+	for _, c := range cases {
+		b.Run("framework-tcp/"+c.name, func(b *testing.B) {
+			serve(b, c.fn())
+			client := &http.Client{}
+			i := 0
+			for b.Loop() {
+				i++
+				id := "1"
+				if c.fresh {
+					id = strconv.Itoa(i)
+				}
+				resp, err := client.Do(deliveryRequest(serverURL+"/", id))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					b.Fatal(fmt.Sprint("status ", resp.StatusCode))
+				}
+			}
+		})
+	}
+}
