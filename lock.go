@@ -94,7 +94,7 @@ type LockOption interface {
 
 type lockOption func(*lockConfig)
 
-func (f lockOption) applyLock(c *lockConfig)     { f(c) }
+func (f lockOption) applyLock(c *lockConfig)   { f(c) }
 func (f lockOption) applyIdempotent(c *config) { f(&c.lock) }
 
 // WithLease sets the lease of each claim: how long the holder owns the key

@@ -1,0 +1,54 @@
+// Package idempotency gives Google Cloud Pub/Sub push consumers
+// exactly-once processing on top of Pub/Sub's at-least-once delivery.
+//
+// Wrap a CloudEvent function once and its body runs at most once per key: a
+// redelivery or a concurrent duplicate skips it, a failure nacks so Pub/Sub
+// retries (it never vanishes), a crashed holder's key frees itself when its
+// lease lapses, and a holder that was replaced cannot overwrite its
+// successor's outcome.
+//
+//	func init() {
+//		functions.CloudEvent("HandleOrder", idempotency.Idempotent(backend)(handleOrder))
+//	}
+//
+// # Two verbs, one port
+//
+// Lock de-duplicates: the body runs at most once per key, and the key stays
+// done for the backend's ttl. Mutex serializes: every call runs its body,
+// never two at once for one key, and the key is never marked done. Both run
+// over a store.Backend, a three-method port (Claim, Complete, Release) with
+// leases, fencing tokens and a ttl; package fake has an in-memory one for
+// tests, and store/... has Datastore, Redis and SQL ones.
+//
+// # What goes on the wire
+//
+// Idempotent maps each outcome to what its function returns, which the
+// functions framework turns into the HTTP status Pub/Sub acts on:
+//
+//	outcome                                returned            HTTP   Pub/Sub
+//	handler returned nil                   nil                 200    ack
+//	duplicate: key done within the ttl     nil                 200    ack (handler skipped)
+//	key held by a live lease elsewhere     503 result          503    nack, retried later
+//	handler returned an error              the error           500    nack, retried
+//	event has no key                       ErrNoKey            500    nack (fail closed)
+//	event data is not a Pub/Sub envelope   ErrMalformedEvent   500    nack
+//
+// # Invariants to size for
+//
+//  1. The lease must exceed the longest run of the guarded work; otherwise a
+//     redelivery may take the key over while the work still runs.
+//  2. Lease + ttl must exceed the longest life of a holder process (Cloud
+//     Run: the request timeout, at most 60 minutes), so that a record
+//     outlives every holder and fences keep rising instead of restarting.
+//  3. The subscription's dead-letter max delivery attempts must exceed the
+//     retries a message can spend waiting on a live lease (503 nacks count
+//     as attempts too).
+//
+// # Where an error is swallowed, and why
+//
+// Three failures happen after the work already ran. Reporting them as
+// failures would nack the message and run the work again, so they are
+// logged at ERROR and acknowledged: Complete failing, the claim being
+// fenced out because the work outran its lease and another delivery took
+// the key, and the OnDuplicate hook failing or panicking.
+package idempotency

@@ -1,0 +1,89 @@
+package function_test
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+
+	_ "github.com/gcp-pubsub-idempotency/idempotency/function_example"
+)
+
+// The function is served exactly as the buildpack serves it: its package
+// registered by init, FUNCTION_TARGET naming it, funcframework at "/".
+func TestHandleOrderSendsEachOrderOnce(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string][]string{}
+	supplier := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		k := r.Header.Get("Idempotency-Key")
+		got[k] = append(got[k], r.Header.Get("X-Fence"))
+	}))
+	defer supplier.Close()
+	t.Setenv("SUPPLIER_URL", supplier.URL)
+	t.Setenv("FUNCTION_TARGET", "HandleOrder")
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	go funcframework.StartHostPort("127.0.0.1", port)
+	url := "http://127.0.0.1:" + port
+	for i := 0; ; i++ {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			break
+		} else if i == 500 {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	for _, name := range []string{"eventarc_binary", "eventarc_binary", "push_raw", "republish", "eventarc_structured"} {
+		if code := post(t, url, name); code != http.StatusOK {
+			t.Fatalf("%s: HTTP %d", name, code)
+		}
+	}
+	if code := post(t, url, "unkeyed"); code/100 == 2 {
+		t.Fatalf("unkeyed: HTTP %d, want a nack", code)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || len(got["orders:PO-1001"]) != 1 || got["orders:PO-1001"][0] != "1" {
+		t.Fatalf("supplier received %v; want order PO-1001 once, fence 1", got)
+	}
+}
+
+func post(t *testing.T, url, fixture string) int {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "testdata", fixture+".http"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, body, _ := bytes.Cut(raw, []byte("\n\n"))
+	lines := strings.Split(string(head), "\n")
+	path := strings.Fields(lines[0])[1]
+	req, _ := http.NewRequest(http.MethodPost, url+path, bytes.NewReader(bytes.TrimRight(body, "\n")))
+	for _, h := range lines[1:] {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Set(k, strings.TrimSpace(v))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
