@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/ffserve"
 )
 
 // One real functions-framework server per test binary, serving a function
@@ -57,32 +57,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "register:", err)
 		os.Exit(2)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	url, _, err := ffserve.Start("")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "listen:", err)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	port := fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	serverURL = "http://127.0.0.1:" + port
-	go func() {
-		if err := funcframework.StartHostPort("127.0.0.1", port); err != nil {
-			fmt.Fprintln(os.Stderr, "funcframework:", err)
-			os.Exit(2)
-		}
-	}()
-	for i := 0; ; i++ {
-		c, err := net.Dial("tcp", "127.0.0.1:"+port)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if i == 500 {
-			fmt.Fprintln(os.Stderr, "the functions framework did not start:", err)
-			os.Exit(2)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	serverURL = url
 	os.Exit(m.Run())
 }
 

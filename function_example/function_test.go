@@ -2,8 +2,6 @@ package function_test
 
 import (
 	"bytes"
-	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,11 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 
 	_ "github.com/gcp-pubsub-idempotency/idempotency/function_example"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/ffserve"
 )
 
 // The function is served exactly as the buildpack serves it: its package
@@ -33,22 +29,9 @@ func TestHandleOrderSendsEachOrderOnce(t *testing.T) {
 	t.Setenv("SUPPLIER_URL", supplier.URL)
 	t.Setenv("FUNCTION_TARGET", "HandleOrder")
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	url, _, err := ffserve.Start("")
 	if err != nil {
 		t.Fatal(err)
-	}
-	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
-	go funcframework.StartHostPort("127.0.0.1", port)
-	url := "http://127.0.0.1:" + port
-	for i := 0; ; i++ {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-			c.Close()
-			break
-		} else if i == 500 {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 
 	for _, name := range []string{"eventarc_binary", "eventarc_binary", "push_raw", "republish", "eventarc_structured"} {

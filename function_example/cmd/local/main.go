@@ -20,11 +20,9 @@ import (
 	"net/http"
 	"os"
 	"sync"
-	"time"
-
-	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 
 	_ "github.com/gcp-pubsub-idempotency/idempotency/function_example"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/ffserve"
 )
 
 func main() {
@@ -57,18 +55,13 @@ func main() {
 	go supplier.Serve(sl)
 	os.Setenv("SUPPLIER_URL", "http://"+sl.Addr().String()+"/orders")
 
-	if *port == "" {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			log.Fatal(err)
-		}
-		*port = fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
-		l.Close()
-	}
 	os.Setenv("FUNCTION_TARGET", "HandleOrder")
-	go func() { log.Fatal(funcframework.StartHostPort("127.0.0.1", *port)) }()
-	url := "http://127.0.0.1:" + *port + "/"
-	waitFor("127.0.0.1:" + *port)
+	base, failed, err := ffserve.Start(*port)
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { log.Fatal(<-failed) }()
+	url := base + "/"
 	fmt.Printf("HandleOrder is serving on %s (in-memory store)\n\n", url)
 
 	deliveries := []struct{ what, messageID string }{
@@ -124,15 +117,4 @@ func verdict(status int) string {
 		return "nack: in progress elsewhere"
 	}
 	return "nack"
-}
-
-func waitFor(addr string) {
-	for range 500 {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	log.Fatalf("the function did not start on %s", addr)
 }
