@@ -1,0 +1,22 @@
+-- complete.lua: mark a claimed record done if the caller's fence is current.
+--
+-- KEYS[1]  the record's Redis key (a hash; fields as in claim.lua)
+-- ARGV[1]  the caller's fence
+-- ARGV[2]  ttl in milliseconds (integer > 0)
+--
+-- Returns 1 if the record is done with that fence afterwards (completing a
+-- done record again changes nothing), 0 if the fence is stale or the record
+-- is gone. There is no lease test: the fence alone decides ownership.
+local r = redis.call('HMGET', KEYS[1], 's', 'f')
+if not r[1] or tonumber(r[2]) ~= tonumber(ARGV[1]) then
+  return 0
+end
+if r[1] == 'd' then
+  return 1
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expires = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 's', 'd', 'e', expires)
+redis.call('PEXPIREAT', KEYS[1], expires)
+return 1

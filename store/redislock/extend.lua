@@ -1,0 +1,20 @@
+-- extend.lua: renew the lease of a claim whose fence is current.
+--
+-- KEYS[1]  the record's Redis key (a hash; fields as in claim.lua)
+-- ARGV[1]  the caller's fence
+-- ARGV[2]  new lease in milliseconds, from now (integer > 0)
+-- ARGV[3]  ttl in milliseconds (integer > 0)
+--
+-- Returns the new lease expiry in milliseconds, or 0 if the record is not
+-- claimed with that fence. The fence does not change.
+local r = redis.call('HMGET', KEYS[1], 's', 'f')
+if r[1] ~= 'c' or tonumber(r[2]) ~= tonumber(ARGV[1]) then
+  return 0
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = now + tonumber(ARGV[2])
+local expires = lease + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'l', lease, 'e', expires)
+redis.call('PEXPIREAT', KEYS[1], expires)
+return lease

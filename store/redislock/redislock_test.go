@@ -1,0 +1,408 @@
+package redislock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/redislock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+)
+
+// quiet drops go-redis's own log lines (dial retries while a test has the
+// server down on purpose).
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{})
+	code := m.Run()
+	testsvc.StopAll()
+	os.Exit(code)
+}
+
+func client(t testing.TB, addr string, opts ...func(*redis.Options)) *redis.Client {
+	t.Helper()
+	o := &redis.Options{Addr: addr}
+	for _, f := range opts {
+		f(o)
+	}
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func prefix() string { return fmt.Sprintf("test:%016x:", rand.Uint64()) }
+
+func newBackend(t testing.TB, c redis.Scripter, opts ...redislock.Option) *redislock.Backend {
+	t.Helper()
+	b, err := redislock.New(c, append([]redislock.Option{redislock.WithPrefix(prefix())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestContract(t *testing.T) {
+	addr := testsvc.Redis(t)
+	c := client(t, addr)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		const ttl = time.Second
+		return storetest.Harness{
+			Backend: newBackend(t, c, redislock.WithTTL(ttl)),
+			TTL:     ttl,
+			Step:    100 * time.Millisecond,
+		}
+	})
+}
+
+func TestNewRefusesBadConfiguration(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer c.Close()
+	if _, err := redislock.New(nil); err == nil {
+		t.Error("nil client accepted")
+	}
+	if _, err := redislock.New(c, redislock.WithTTL(0)); !errors.Is(err, store.ErrInvalidTTL) {
+		t.Errorf("ttl 0: %v", err)
+	}
+	if _, err := redislock.New(c, redislock.WithPrefix(strings.Repeat("p", store.MaxKeyLen+1))); err == nil {
+		t.Error("oversized prefix accepted")
+	}
+	if _, err := redislock.New(c, redislock.WithClaimRetries(-1)); err == nil {
+		t.Error("negative retries accepted")
+	}
+	b, err := redislock.New(c)
+	if err != nil || b.TTL() != store.DefaultTTL || !strings.Contains(b.String(), `"idempotency:"`) {
+		t.Fatalf("defaults: %v %v %v", b, err, b.TTL())
+	}
+}
+
+// serverNow reads the server's clock.
+func serverNow(t *testing.T, c *redis.Client) time.Time {
+	t.Helper()
+	now, err := c.Time(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// Every instant the backend reports is on the server's clock, and expiry
+// is judged against what the record stores, by the server: a client's own
+// clock never enters the decision.
+func TestExpiryIsJudgedByTheServerClock(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	ctx := t.Context()
+
+	before := serverNow(t, c)
+	r, err := b.Claim(ctx, "k", 30*time.Second)
+	after := serverNow(t, c)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", r.Outcome, err)
+	}
+	lo, hi := before.Add(30*time.Second).Truncate(time.Millisecond), after.Add(30*time.Second)
+	if r.Claim.LeaseExpiry.Before(lo) || r.Claim.LeaseExpiry.After(hi) {
+		t.Fatalf("lease expiry %v outside the server's [%v, %v] + lease", r.Claim.LeaseExpiry, lo, hi)
+	}
+
+	// Move the stored lease expiry to one millisecond before the server's
+	// now: the very next claim reclaims, whatever the client believes.
+	rawKey := prefixOf(b) + "k"
+	if err := c.HSet(ctx, rawKey, "l", serverNow(t, c).UnixMilli()-1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.Claim(ctx, "k", 30*time.Second)
+	if err != nil || r2.Outcome != store.Won || r2.Claim.Fence != 2 {
+		t.Fatalf("claim after the server-judged lapse: %v fence %d %v", r2.Outcome, r2.Claim.Fence, err)
+	}
+	// And a lease ten seconds ahead on the server's clock is live.
+	if err := c.HSet(ctx, rawKey, "l", serverNow(t, c).UnixMilli()+10_000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r3, err := b.Claim(ctx, "k", time.Second); err != nil || r3.Outcome != store.HeldByOther {
+		t.Fatalf("claim within the server-judged lease: %v %v", r3.Outcome, err)
+	}
+}
+
+func prefixOf(b *redislock.Backend) string {
+	s := b.String()
+	i := strings.Index(s, `"`)
+	j := strings.Index(s[i+1:], `"`)
+	return s[i+1 : i+1+j]
+}
+
+// The record lives exactly as long as the contract needs: a claimed one
+// until lease + ttl, a done one until completion + ttl.
+func TestRedisReapsRecordsAtExpiresAt(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c, redislock.WithTTL(time.Hour))
+	ctx := t.Context()
+	raw := prefixOf(b) + "k"
+	pttl := func() time.Duration {
+		d, err := c.PTTL(ctx, raw).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	near := func(got, want time.Duration) bool { return got <= want && got > want-5*time.Second }
+
+	r, _ := b.Claim(ctx, "k", 15*time.Minute)
+	if got := pttl(); !near(got, 75*time.Minute) {
+		t.Fatalf("claimed record PTTL %v, want lease + ttl = 75m", got)
+	}
+	b.Release(ctx, r.Claim)
+	if got := pttl(); !near(got, time.Hour) {
+		t.Fatalf("released record PTTL %v, want ttl = 1h", got)
+	}
+	r, _ = b.Claim(ctx, "k", 15*time.Minute)
+	b.Complete(ctx, r.Claim)
+	if got := pttl(); !near(got, time.Hour) {
+		t.Fatalf("done record PTTL %v, want ttl = 1h", got)
+	}
+	f, _ := c.HGet(ctx, raw, "f").Int64()
+	if f != 3 {
+		t.Fatalf("stored fence %d, want 3 (claim, release, reclaim)", f)
+	}
+}
+
+func TestZombieIsFencedOutWhenLeasePlusTTLOutlivesTheHolder(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c, redislock.WithTTL(2*time.Second))
+	ctx := t.Context()
+	sends := 0
+	l := slogDiscard()
+	// The holder stalls past its 100ms lease; a redelivery takes over.
+	err := idempotency.Lock(ctx, b, "order", func(ctx context.Context) error {
+		sends++
+		time.Sleep(300 * time.Millisecond)
+		if err := idempotency.Lock(ctx, b, "order", func(context.Context) error { sends++; return nil }); err != nil {
+			t.Errorf("reclaimer: %v", err)
+		}
+		return nil
+	}, idempotency.WithLease(100*time.Millisecond), idempotency.WithLogger(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The zombie's late completion did not overwrite the reclaimer's.
+	f, _ := c.HGet(ctx, prefixOf(b)+"order", "f").Int64()
+	s, _ := c.HGet(ctx, prefixOf(b)+"order", "s").Result()
+	if f != 2 || s != "d" || sends != 2 {
+		t.Fatalf("fence %d state %q sends %d; want the reclaimer's done record at fence 2", f, s, sends)
+	}
+	if err := idempotency.Lock(ctx, b, "order", func(context.Context) error { return nil }); !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("after both: %v, want ErrDuplicate", err)
+	}
+}
+
+// dropProxy forwards TCP to a Redis server and, when armed, swallows the
+// next reply and cuts the connection: the command ran, its answer is lost.
+type dropProxy struct {
+	ln      net.Listener
+	target  string
+	armed   atomic.Bool
+	dropped atomic.Int32
+	wg      sync.WaitGroup
+}
+
+func newDropProxy(t *testing.T, target string) *dropProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &dropProxy{ln: ln, target: target}
+	go p.serve()
+	t.Cleanup(func() { ln.Close() })
+	return p
+}
+
+func (p *dropProxy) serve() {
+	for {
+		cc, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		sc, err := net.Dial("tcp", p.target)
+		if err != nil {
+			cc.Close()
+			continue
+		}
+		go func() { io.Copy(sc, cc); sc.Close() }()
+		go func() {
+			defer cc.Close()
+			defer sc.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := sc.Read(buf)
+				if n > 0 {
+					if p.armed.CompareAndSwap(true, false) {
+						p.dropped.Add(1)
+						return
+					}
+					if _, werr := cc.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
+	addr := testsvc.Redis(t)
+	for _, tc := range []struct {
+		name        string
+		clientRetry int // go-redis MaxRetries; -1 disables its own retries
+		ours        int
+	}{
+		{"backend retries", -1, 2},
+		{"driver retries", 3, 0},
+	} {
+		for _, path := range []string{"create", "reclaim"} {
+			t.Run(tc.name+"/"+path, func(t *testing.T) {
+				proxy := newDropProxy(t, addr)
+				c := client(t, proxy.ln.Addr().String(), func(o *redis.Options) { o.MaxRetries = tc.clientRetry })
+				b := newBackend(t, c, redislock.WithClaimRetries(tc.ours))
+				ctx := t.Context()
+				wantFence := int64(1)
+				if path == "reclaim" {
+					// A crashed holder's record, lease lapsed.
+					if r, err := b.Claim(ctx, "k", time.Millisecond); err != nil || r.Outcome != store.Won {
+						t.Fatal(r, err)
+					}
+					time.Sleep(5 * time.Millisecond)
+					wantFence = 2
+				} else if _, err := b.Claim(ctx, "warm-up", time.Minute); err != nil { // load the scripts
+					t.Fatal(err)
+				}
+
+				proxy.armed.Store(true)
+				r, err := b.Claim(ctx, "k", time.Minute)
+				if proxy.dropped.Load() != 1 {
+					t.Fatalf("the proxy dropped %d replies, want 1", proxy.dropped.Load())
+				}
+				if err != nil || r.Outcome != store.Won || r.Claim.Fence != wantFence {
+					t.Fatalf("retried claim: %v fence %d err %v; want won, fence %d (re-affirmed, not bumped twice)",
+						r.Outcome, r.Claim.Fence, err, wantFence)
+				}
+				if tok, _ := c.HGet(ctx, prefixOf(b)+"k", "t").Result(); tok != r.Claim.Token {
+					t.Fatalf("stored token %q, want the claim's %q", tok, r.Claim.Token)
+				}
+				if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
+					t.Fatalf("another delivery: %v, want held by other", other.Outcome)
+				}
+				if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
+					t.Fatalf("complete of the re-affirmed claim: %v %v", ok, err)
+				}
+			})
+		}
+	}
+}
+
+func TestALostReplyWithNoRetryIsAnErrorNotHeldByOther(t *testing.T) {
+	proxy := newDropProxy(t, testsvc.Redis(t))
+	c := client(t, proxy.ln.Addr().String(), func(o *redis.Options) { o.MaxRetries = -1 })
+	b := newBackend(t, c, redislock.WithClaimRetries(0))
+	ctx := t.Context()
+	b.Claim(ctx, "warm-up", time.Minute)
+	proxy.armed.Store(true)
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "outcome unknown") {
+		t.Fatalf("claim whose reply was lost: %v %v; want an error saying the outcome is unknown", r.Outcome, err)
+	}
+}
+
+func TestCancelledContextDuringClaimIsReportedAsUnknown(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Nanosecond)
+	defer cancel()
+	<-ctx.Done()
+	_, err := b.Claim(ctx, "k", time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestRedisRestartedMidTest(t *testing.T) {
+	srv := testsvc.StartRedis(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := client(t, srv.Addr, func(o *redis.Options) {
+		o.DialTimeout = 200 * time.Millisecond
+		o.MaxRetries = 1
+	})
+	b := newBackend(t, c)
+	ctx := t.Context()
+	r, err := b.Claim(ctx, "k", time.Hour)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatal(r, err)
+	}
+
+	srv.Kill()
+	down, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	for _, op := range []func() error{
+		func() error { _, err := b.Claim(down, "k2", time.Minute); return err },
+		func() error { _, err := b.Complete(down, r.Claim); return err },
+		func() error { return b.Release(down, r.Claim) },
+	} {
+		err := op()
+		if err == nil {
+			t.Fatal("an operation succeeded with the server down")
+		}
+		var opErr *net.OpError
+		if !errors.As(err, &opErr) && !errors.Is(err, io.EOF) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("error %v does not wrap the network error", err)
+		}
+	}
+
+	if err := srv.Restart(testsvc.RedisReady); err != nil {
+		t.Fatal(err)
+	}
+	// The claim survived the restart (AOF, fsync always): still held, and
+	// its holder can complete it.
+	if other, err := b.Claim(ctx, "k", time.Minute); err != nil || other.Outcome != store.HeldByOther {
+		t.Fatalf("after restart: %v %v, want held by other", other.Outcome, err)
+	}
+	if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
+		t.Fatalf("complete after restart: %v %v", ok, err)
+	}
+	if again, _ := b.Claim(ctx, "k", time.Minute); again.Outcome != store.AlreadyDone {
+		t.Fatalf("after complete: %v", again.Outcome)
+	}
+}
+
+func TestKeysAreStoredVerbatimUnderThePrefix(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	ctx := t.Context()
+	for _, k := range []string{"{orders}:PO-1", "{orders}:PO-2", "a b\r\n*1\r\n$4\r\nPING", "\xff\xfe\x01", "ключ"} {
+		if r, err := b.Claim(ctx, k, time.Minute); err != nil || r.Outcome != store.Won {
+			t.Fatalf("%q: %v %v", k, r.Outcome, err)
+		}
+		if n, _ := c.Exists(ctx, prefixOf(b)+k).Result(); n != 1 {
+			t.Fatalf("%q is not stored verbatim under the prefix", k)
+		}
+	}
+}
+
+func slogDiscard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
