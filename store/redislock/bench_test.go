@@ -115,4 +115,3 @@ func BenchmarkDelivery(b *testing.B) {
 		}
 	}
 }
-

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -219,7 +218,6 @@ type dropProxy struct {
 	target  string
 	armed   atomic.Bool
 	dropped atomic.Int32
-	wg      sync.WaitGroup
 }
 
 func newDropProxy(t *testing.T, target string) *dropProxy {
