@@ -238,3 +238,80 @@ func Redis(t testing.TB) string {
 	}
 	return sharedRedis
 }
+
+// DatastoreEmulator is where the gcloud SDK keeps the legacy Datastore
+// emulator (the Firestore emulator's Datastore mode rejects some of what
+// the backend does).
+const DatastoreEmulator = "/usr/lib/google-cloud-sdk/platform/cloud-datastore-emulator/cloud_datastore_emulator"
+
+const datastoreHow = "install the Google Cloud SDK's cloud-datastore-emulator (and a Java runtime), or set DATASTORE_EMULATOR_HOST"
+
+// HTTPReady answers whether GET http://addr/ succeeds.
+func HTTPReady(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", addr); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(line, " 200 ") {
+		return fmt.Errorf("GET / answered %q", strings.TrimSpace(line))
+	}
+	return nil
+}
+
+var (
+	datastoreOnce sync.Once
+	datastoreAddr string
+	datastoreErr  error
+)
+
+// Datastore returns the host:port of a Datastore emulator shared by the
+// whole test binary, and sets DATASTORE_EMULATOR_HOST to it for clients in
+// this process: the variable's own value when set, else an emulator it
+// starts (in memory, consistency 1.0). Tests sharing it must use a
+// namespace or kind of their own. Call it before any t.Parallel.
+func Datastore(t testing.TB) string {
+	t.Helper()
+	if addr := os.Getenv("DATASTORE_EMULATOR_HOST"); addr != "" && datastoreAddr == "" {
+		return addr
+	}
+	if _, err := os.Stat(DatastoreEmulator); err != nil {
+		Missing(t, "the Datastore emulator", datastoreHow)
+	}
+	if _, err := exec.LookPath("java"); err != nil {
+		Missing(t, "java (for the Datastore emulator)", datastoreHow)
+	}
+	datastoreOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "testsvc-datastore-")
+		if err != nil {
+			datastoreErr = err
+			return
+		}
+		port, err := FreePort()
+		if err != nil {
+			datastoreErr = err
+			return
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		_, datastoreErr = Start("datastore-emulator", DatastoreEmulator, dir, addr, []string{
+			"start", "--host=127.0.0.1", fmt.Sprintf("--port=%d", port),
+			"--testing", "--store_on_disk=false", "--consistency=1.0",
+		}, HTTPReady)
+		if datastoreErr == nil {
+			datastoreAddr = addr
+			os.Setenv("DATASTORE_EMULATOR_HOST", addr)
+		}
+	})
+	if datastoreErr != nil {
+		t.Fatal(datastoreErr)
+	}
+	return datastoreAddr
+}

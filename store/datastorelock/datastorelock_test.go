@@ -1,0 +1,328 @@
+package datastorelock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+)
+
+const project = "idempotency-test"
+
+func TestMain(m *testing.M) {
+	if helper := os.Getenv("DATASTORELOCK_HELPER"); helper != "" {
+		os.Exit(runHelper(helper))
+	}
+	code := m.Run()
+	testsvc.StopAll()
+	os.Exit(code)
+}
+
+func namespace() string { return fmt.Sprintf("t%016x", rand.Uint64()) }
+
+// rpcs counts the RPCs a backend sends and can make one Commit lose its
+// response after the server applied it.
+type rpcs struct {
+	mu       sync.Mutex
+	calls    []string
+	loseNext atomic.Bool
+	lost     atomic.Int32
+}
+
+func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	r.mu.Lock()
+	r.calls = append(r.calls, name)
+	r.mu.Unlock()
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && name == "Commit" && r.loseNext.CompareAndSwap(true, false) {
+		r.lost.Add(1)
+		return status.Error(codes.Unavailable, "injected: the commit applied but its response was lost")
+	}
+	return err
+}
+
+func (r *rpcs) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.calls
+	r.calls = nil
+	return c
+}
+
+func newBackend(t testing.TB, opts ...datastorelock.Option) (*datastorelock.Backend, *rpcs) {
+	t.Helper()
+	r := &rpcs{}
+	opts = append([]datastorelock.Option{
+		datastorelock.WithNamespace(namespace()),
+		datastorelock.WithClientOptions(option.WithGRPCDialOption(grpc.WithUnaryInterceptor(r.intercept))),
+	}, opts...)
+	b, err := datastorelock.New(context.Background(), project, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b, r
+}
+
+func TestContract(t *testing.T) {
+	testsvc.Datastore(t)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+		b, _ := newBackend(t, datastorelock.WithClock(clock.Now))
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance}
+	})
+}
+
+// The same suite on the system clock, waiting in real time.
+func TestContractRealClock(t *testing.T) {
+	testsvc.Datastore(t)
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		b, _ := newBackend(t, datastorelock.WithTTL(2*time.Second))
+		return storetest.Harness{Backend: b, TTL: 2 * time.Second, Step: 200 * time.Millisecond}
+	})
+}
+
+func TestNewRefusesBadConfiguration(t *testing.T) {
+	t.Setenv("DATASTORE_PROJECT_ID", "")
+	t.Setenv("GOOGLE_CLOUD_PROJECT", "")
+	t.Setenv("DATASTORE_EMULATOR_HOST", "127.0.0.1:1")
+	ctx := context.Background()
+	if _, err := datastorelock.New(ctx, ""); err == nil || !strings.Contains(err.Error(), "project") {
+		t.Errorf("no project: %v", err)
+	}
+	if _, err := datastorelock.New(ctx, "p", datastorelock.WithTTL(-1)); !errors.Is(err, store.ErrInvalidTTL) {
+		t.Errorf("ttl -1: %v", err)
+	}
+	if _, err := datastorelock.New(ctx, "p", datastorelock.WithKind("__reserved__")); err == nil {
+		t.Error("reserved kind accepted")
+	}
+	t.Setenv("GOOGLE_CLOUD_PROJECT", "from-env")
+	b, err := datastorelock.New(ctx, "")
+	if err != nil {
+		t.Fatalf("project from GOOGLE_CLOUD_PROJECT: %v", err)
+	}
+	b.Close()
+}
+
+func TestNamesAreOneToOneAndFitDatastore(t *testing.T) {
+	cases := map[string]string{
+		"orders:PO-1":          "orders:PO-1",
+		"ключ/鍵 x":             "ключ/鍵 x",
+		"~tilde":               "~fnRpbGRl",
+		"__reserved__":         "~X19yZXNlcnZlZF9f",
+		"__prefix_only":        "__prefix_only",
+		"\xff\xfe":             "~__4",
+		"~X19yZXNlcnZlZF9f":    "~flgxOXlaWE5sY25abFpGOWY",
+		strings.Repeat("é", 3): strings.Repeat("é", 3),
+	}
+	seen := map[string]string{}
+	for k, want := range cases {
+		got := datastorelock.Name(k)
+		if got != want {
+			t.Errorf("Name(%q) = %q, want %q", k, got, want)
+		}
+		if prev, ok := seen[got]; ok {
+			t.Errorf("Name(%q) = Name(%q) = %q", k, prev, got)
+		}
+		seen[got] = k
+	}
+	if n := len(datastorelock.Name(strings.Repeat("\xff", store.MaxKeyLen))); n > 1500 {
+		t.Fatalf("a %d-byte key maps to a %d-byte name, over Datastore's 1500", store.MaxKeyLen, n)
+	}
+}
+
+func rpcCount(calls []string) map[string]int {
+	m := map[string]int{}
+	for _, c := range calls {
+		m[c]++
+	}
+	return m
+}
+
+func noop(context.Context) error { return nil }
+
+func TestRPCsPerDelivery(t *testing.T) {
+	testsvc.Datastore(t)
+	clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	b, r := newBackend(t, datastorelock.WithClock(clock.Now))
+	ctx := t.Context()
+	check := func(what string, want int, run func()) {
+		t.Helper()
+		r.take()
+		run()
+		if calls := r.take(); len(calls) != want {
+			t.Errorf("%s: %d RPCs %v, want %d", what, len(calls), calls, want)
+		}
+	}
+	check("fresh key (insert + versioned update)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
+	check("duplicate (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
+	b.Claim(ctx, "crashed", time.Minute)
+	check("held by a live lease (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "crashed", noop) })
+	clock.Advance(2 * time.Minute)
+	check("reclaim after the lease (insert refused + lookup + update, then update)", 4, func() { idempotency.Lock(ctx, b, "crashed", noop) })
+	check("mutex (insert + versioned update)", 2, func() { idempotency.Mutex(ctx, b, "po", noop) })
+	check("mutex again (insert refused + lookup + update, then update)", 4, func() { idempotency.Mutex(ctx, b, "po", noop) })
+}
+
+func TestAStaleVersionIsFencedOutLikeAStaleFence(t *testing.T) {
+	testsvc.Datastore(t)
+	clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+	b, _ := newBackend(t, datastorelock.WithClock(clock.Now))
+	ctx := t.Context()
+	r1, _ := b.Claim(ctx, "k", time.Minute)
+	clock.Advance(2 * time.Minute)
+	r2, _ := b.Claim(ctx, "k", time.Minute)
+	if r2.Outcome != store.Won || r2.Claim.Rev == r1.Claim.Rev {
+		t.Fatalf("reclaim: %v rev %d (was %d)", r2.Outcome, r2.Claim.Rev, r1.Claim.Rev)
+	}
+	if ok, err := b.Complete(ctx, r1.Claim); ok || err != nil {
+		t.Fatalf("zombie complete: %v %v, want false", ok, err)
+	}
+	// A stale version with the current fence (the claim was extended
+	// through another copy) is re-read, not refused.
+	ext, err := b.Extend(ctx, r2.Claim, time.Hour)
+	if err != nil || ext.Rev == r2.Claim.Rev {
+		t.Fatalf("extend: %v rev %d", err, ext.Rev)
+	}
+	if ok, err := b.Complete(ctx, r2.Claim); !ok || err != nil {
+		t.Fatalf("complete with the current fence and an old version: %v %v", ok, err)
+	}
+	if r, _ := b.Claim(ctx, "k", time.Minute); r.Outcome != store.AlreadyDone {
+		t.Fatalf("after complete: %v", r.Outcome)
+	}
+}
+
+func TestLostCommitResponseIsReaffirmed(t *testing.T) {
+	testsvc.Datastore(t)
+	for _, path := range []string{"create", "reclaim"} {
+		t.Run(path, func(t *testing.T) {
+			clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+			b, r := newBackend(t, datastorelock.WithClock(clock.Now))
+			ctx := t.Context()
+			want := int64(1)
+			if path == "reclaim" {
+				b.Claim(ctx, "k", time.Minute) // a holder that crashed
+				clock.Advance(2 * time.Minute)
+				want = 2
+			}
+			r.loseNext.Store(true)
+			res, err := b.Claim(ctx, "k", time.Minute)
+			if r.lost.Load() != 1 {
+				t.Fatalf("%d responses lost, want 1", r.lost.Load())
+			}
+			if err != nil || res.Outcome != store.Won || res.Claim.Fence != want {
+				t.Fatalf("claim after a lost commit response: %v fence %d %v; want won with fence %d (not locked out, not bumped twice)",
+					res.Outcome, res.Claim.Fence, err, want)
+			}
+			if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
+				t.Fatalf("another claim: %v, want held by other", other.Outcome)
+			}
+			r.loseNext.Store(true)
+			if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
+				t.Fatalf("complete after a lost commit response: %v %v", ok, err)
+			}
+			if r.lost.Load() != 2 {
+				t.Fatalf("the complete's response was not lost")
+			}
+			if again, _ := b.Claim(ctx, "k", time.Minute); again.Outcome != store.AlreadyDone {
+				t.Fatalf("after complete: %v", again.Outcome)
+			}
+		})
+	}
+}
+
+func TestLongAndOddKeysAreStored(t *testing.T) {
+	testsvc.Datastore(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	for _, k := range []string{strings.Repeat("\xfe", store.MaxKeyLen), "__reserved__", "~X19yZXNlcnZlZF9f", strings.Repeat("鍵", store.MaxKeyLen/3)} {
+		r, err := b.Claim(ctx, k, time.Minute)
+		if err != nil || r.Outcome != store.Won || r.Claim.Fence != 1 {
+			t.Fatalf("%.12q...: %v fence %d %v", k, r.Outcome, r.Claim.Fence, err)
+		}
+	}
+}
+
+// Two processes, each with eight goroutines, race one key: one wins.
+func TestTwoProcessesRaceOneKey(t *testing.T) {
+	addr := testsvc.Datastore(t)
+	ns := namespace()
+	start := time.Now().Add(2 * time.Second).UnixNano()
+	type result struct {
+		out []byte
+		err error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(),
+				"DATASTORELOCK_HELPER=race", "DATASTORE_EMULATOR_HOST="+addr,
+				"HELPER_NS="+ns, fmt.Sprint("HELPER_START=", start))
+			out, err := cmd.CombinedOutput()
+			results <- result{out, err}
+		}()
+	}
+	won, held := 0, 0
+	for range 2 {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("helper: %v\n%s", r.err, r.out)
+		}
+		won += strings.Count(string(r.out), "won\n")
+		held += strings.Count(string(r.out), "held by other\n")
+	}
+	if won != 1 || held != 15 {
+		t.Fatalf("won %d, held %d across 16 racers in 2 processes; want 1 and 15", won, held)
+	}
+}
+
+func runHelper(kind string) int {
+	if kind != "race" {
+		return 2
+	}
+	b, err := datastorelock.New(context.Background(), project, datastorelock.WithNamespace(os.Getenv("HELPER_NS")))
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	var startNs int64
+	fmt.Sscan(os.Getenv("HELPER_START"), &startNs)
+	time.Sleep(time.Until(time.Unix(0, startNs)))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range 8 {
+		wg.Go(func() {
+			r, err := b.Claim(context.Background(), "contended", time.Minute)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				fmt.Println("error:", err)
+				return
+			}
+			fmt.Println(r.Outcome)
+		})
+	}
+	wg.Wait()
+	return 0
+}
