@@ -8,11 +8,14 @@
 //
 // Configuration, from the environment:
 //
-//	SUPPLIER_URL   where orders are POSTed; unset: they are only logged
+//	GOOGLE_CLOUD_PROJECT   the project whose Datastore keeps the records
+//	                       (or DATASTORE_PROJECT_ID; DATASTORE_EMULATOR_HOST
+//	                       points it at an emulator)
+//	SUPPLIER_URL           where orders are POSTed; unset: they are only logged
 //
-// The backend is the in-memory fake.Store, which de-duplicates within one
-// instance: enough to run the function locally (go run ./function_example/cmd/local).
-// A deployment with more than one instance needs a shared backend.
+// With no project configured the backend is the in-memory fake.Store, which
+// de-duplicates within one instance only: enough to run the function
+// locally (go run ./function_example/cmd/local), not for a deployment.
 package function
 
 import (
@@ -20,6 +23,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"log/slog"
 	"net/http"
 	"os"
@@ -30,6 +34,8 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
 func init() {
@@ -37,11 +43,28 @@ func init() {
 		// On Cloud Run, log JSON that Cloud Logging reads severities from.
 		slog.SetDefault(slog.New(idempotency.NewLogHandler(os.Stderr, nil)))
 	}
-	guard := idempotency.Idempotent(fake.New(),
+	guard := idempotency.Idempotent(backend(),
 		idempotency.WithKey(idempotency.Attribute("po_id")),
 		idempotency.WithKeyPrefix("orders:"),
 	)
 	functions.CloudEvent("HandleOrder", guard(HandleOrder))
+}
+
+// backend returns Datastore when a project is configured, else memory.
+func backend() store.Backend {
+	if os.Getenv("GOOGLE_CLOUD_PROJECT") == "" && os.Getenv("DATASTORE_PROJECT_ID") == "" {
+		if os.Getenv("K_SERVICE") != "" {
+			slog.Warn("no GOOGLE_CLOUD_PROJECT: using the in-memory store, which does not de-duplicate across instances")
+		}
+		return fake.New()
+	}
+	b, err := datastorelock.New(context.Background(), "")
+	if err != nil {
+		// Fail the instance's start-up: serving without a guard would
+		// repeat side effects.
+		log.Fatalf("datastore backend: %v", err)
+	}
+	return b
 }
 
 // Order is the payload of an order message.

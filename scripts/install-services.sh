@@ -6,6 +6,15 @@ set -euo pipefail
 
 pkgs=()
 command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless) # the Datastore emulator
+
+emulator=/usr/lib/google-cloud-sdk/platform/cloud-datastore-emulator/cloud_datastore_emulator
+if [ -z "${DATASTORE_EMULATOR_HOST:-}" ] && [ ! -x "$emulator" ]; then
+	echo "the Datastore emulator is missing: install the Google Cloud SDK component" \
+		"(gcloud components install cloud-datastore-emulator, or the" \
+		"google-cloud-cli-datastore-emulator package) or set DATASTORE_EMULATOR_HOST" >&2
+	exit 1
+fi
 
 ((${#pkgs[@]})) || exit 0
 
