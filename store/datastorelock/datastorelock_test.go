@@ -151,14 +151,6 @@ func TestNamesAreOneToOneAndFitDatastore(t *testing.T) {
 	}
 }
 
-func rpcCount(calls []string) map[string]int {
-	m := map[string]int{}
-	for _, c := range calls {
-		m[c]++
-	}
-	return m
-}
-
 func noop(context.Context) error { return nil }
 
 func TestRPCsPerDelivery(t *testing.T) {
