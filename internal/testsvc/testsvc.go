@@ -10,10 +10,13 @@ package testsvc
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,6 +63,9 @@ type Process struct {
 	cmd  *exec.Cmd
 	log  *os.File
 	done chan struct{} // closed when cmd has exited
+	// prepare adjusts the command before each start (for example to run
+	// it as another user).
+	prepare func(*exec.Cmd) error
 }
 
 // Start runs bin with args in dir, logging to dir/NAME.log, and waits until
@@ -84,6 +90,12 @@ func (p *Process) start(ready func(addr string) error) error {
 	cmd.Dir = p.dir
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if p.prepare != nil {
+		if err := p.prepare(cmd); err != nil {
+			f.Close()
+			return err
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("starting %s: %w", p.Name, err)
@@ -314,4 +326,265 @@ func Datastore(t testing.TB) string {
 		t.Fatal(datastoreErr)
 	}
 	return datastoreAddr
+}
+
+// asUser makes cmd run as the named user when this process is root (the
+// database servers refuse to run as root), and hands it dir.
+func asUser(cmd *exec.Cmd, name, dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return fmt.Errorf("running as root needs a %q user: %w", name, err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chown(p, uid, gid)
+	})
+}
+
+const postgresHow = "install PostgreSQL (initdb and postgres on PATH or in /usr/local/bin or /usr/lib/postgresql/*/bin) or set POSTGRES_DSN"
+
+func findPostgres() (initdb, postgres string, ok bool) {
+	dirs := []string{""}
+	dirs = append(dirs, "/usr/local/bin")
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin"); len(m) > 0 {
+		dirs = append(dirs, m[len(m)-1])
+	}
+	for _, d := range dirs {
+		var i, p string
+		if d == "" {
+			i, _ = exec.LookPath("initdb")
+			p, _ = exec.LookPath("postgres")
+		} else {
+			i, p = filepath.Join(d, "initdb"), filepath.Join(d, "postgres")
+		}
+		if i != "" && p != "" {
+			if _, err := os.Stat(i); err == nil {
+				if _, err := os.Stat(p); err == nil {
+					return i, p, true
+				}
+			}
+		}
+	}
+	return "", "", false
+}
+
+// PostgresReady answers whether a PostgreSQL server accepts TCP on addr.
+func PostgresReady(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	// An SSLRequest: a live server answers with one byte, 'S' or 'N'.
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+		return err
+	}
+	b := make([]byte, 1)
+	if _, err := c.Read(b); err != nil {
+		return err
+	}
+	return nil
+}
+
+// StartPostgres initializes a PostgreSQL cluster of its own for t and
+// starts it; it returns the process and a DSN for user postgres, database
+// postgres. The server stops when t ends.
+func StartPostgres(t testing.TB) (*Process, string) {
+	t.Helper()
+	initdb, postgres, ok := findPostgres()
+	if !ok {
+		Missing(t, "PostgreSQL", postgresHow)
+	}
+	// Not t.TempDir: its parent is private to root, and the server runs as
+	// the postgres user.
+	dir, err := os.MkdirTemp("", "testsvc-postgres-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	p, dsn, err := startPostgres(initdb, postgres, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	return p, dsn
+}
+
+func startPostgres(initdb, postgres, dir string) (*Process, string, error) {
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, "", err
+	}
+	data := filepath.Join(dir, "data")
+	cmd := exec.Command(initdb, "-D", data, "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+	if err := asUser(cmd, "postgres", dir); err != nil {
+		return nil, "", err
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, "", fmt.Errorf("initdb: %v\n%s", err, out)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	p := &Process{Name: "postgres", Addr: addr, bin: postgres, dir: dir, args: []string{
+		"-D", data, "-p", fmt.Sprint(port), "-c", "listen_addresses=127.0.0.1",
+		"-c", "unix_socket_directories=" + dir, "-c", "fsync=off", "-c", "max_connections=200",
+	}}
+	p.prepare = func(cmd *exec.Cmd) error { return asUser(cmd, "postgres", dir) }
+	if err := p.start(PostgresReady); err != nil {
+		return nil, "", err
+	}
+	mu.Lock()
+	running = append(running, p)
+	mu.Unlock()
+	return p, fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", addr), nil
+}
+
+var (
+	sharedPGOnce sync.Once
+	sharedPG     string
+	sharedPGErr  error
+)
+
+// Postgres returns a DSN for a PostgreSQL server shared by the whole test
+// binary: POSTGRES_DSN when set, else one it starts.
+func Postgres(t testing.TB) string {
+	t.Helper()
+	if dsn := os.Getenv("POSTGRES_DSN"); dsn != "" {
+		return dsn
+	}
+	initdb, postgres, ok := findPostgres()
+	if !ok {
+		Missing(t, "PostgreSQL", postgresHow)
+	}
+	sharedPGOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "testsvc-postgres-")
+		if err != nil {
+			sharedPGErr = err
+			return
+		}
+		_, sharedPG, sharedPGErr = startPostgres(initdb, postgres, dir)
+	})
+	if sharedPGErr != nil {
+		t.Fatal(sharedPGErr)
+	}
+	return sharedPG
+}
+
+const mariadbHow = "install Debian's mariadb-server (apt-get install -y mariadb-server) or set MYSQL_DSN"
+
+// MySQLReady answers whether a MySQL/MariaDB server sends its greeting.
+func MySQLReady(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	b := make([]byte, 5)
+	_, err = io.ReadFull(c, b)
+	return err
+}
+
+// StartMariaDB starts a MariaDB server of its own for t, with a database
+// "test", and returns it and a go-sql-driver/mysql DSN for root.
+func StartMariaDB(t testing.TB) (*Process, string) {
+	t.Helper()
+	bin, err := exec.LookPath("mariadbd")
+	if err != nil {
+		if bin, err = exec.LookPath("/usr/sbin/mariadbd"); err != nil {
+			Missing(t, "mariadbd", mariadbHow)
+		}
+	}
+	p, dsn, err := startMariaDB(bin, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	return p, dsn
+}
+
+func startMariaDB(bin, dir string) (*Process, string, error) {
+	install, err := exec.LookPath("mariadb-install-db")
+	if err != nil {
+		return nil, "", fmt.Errorf("mariadb-install-db: %w", err)
+	}
+	data := filepath.Join(dir, "data")
+	user := "mysql"
+	if os.Geteuid() != 0 {
+		user = ""
+	}
+	args := []string{"--no-defaults", "--datadir=" + data, "--auth-root-authentication-method=normal", "--skip-test-db"}
+	if user != "" {
+		args = append(args, "--user=root")
+	}
+	if out, err := exec.Command(install, args...).CombinedOutput(); err != nil {
+		return nil, "", fmt.Errorf("mariadb-install-db: %v\n%s", err, out)
+	}
+	port, err := FreePort()
+	if err != nil {
+		return nil, "", err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	srvArgs := []string{
+		"--no-defaults", "--datadir=" + data, "--socket=" + filepath.Join(dir, "sock"),
+		fmt.Sprintf("--port=%d", port), "--bind-address=127.0.0.1", "--skip-log-bin",
+		"--innodb-flush-log-at-trx-commit=2", "--max-connections=300", "--skip-name-resolve",
+	}
+	if user != "" {
+		srvArgs = append(srvArgs, "--user=root")
+	}
+	p, err := Start("mariadb", bin, dir, addr, srvArgs, MySQLReady)
+	if err != nil {
+		return nil, "", err
+	}
+	// Create the test database over the wire once the server accepts.
+	return p, fmt.Sprintf("root@tcp(%s)/", addr), nil
+}
+
+var (
+	sharedMariaOnce sync.Once
+	sharedMaria     string
+	sharedMariaErr  error
+)
+
+// MariaDB returns a go-sql-driver/mysql DSN (without a database name) for
+// a MariaDB server shared by the whole test binary: MYSQL_DSN when set,
+// else one it starts.
+func MariaDB(t testing.TB) string {
+	t.Helper()
+	if dsn := os.Getenv("MYSQL_DSN"); dsn != "" {
+		return dsn
+	}
+	bin, err := exec.LookPath("mariadbd")
+	if err != nil {
+		if bin, err = exec.LookPath("/usr/sbin/mariadbd"); err != nil {
+			Missing(t, "mariadbd", mariadbHow)
+		}
+	}
+	sharedMariaOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "testsvc-mariadb-")
+		if err != nil {
+			sharedMariaErr = err
+			return
+		}
+		_, sharedMaria, sharedMariaErr = startMariaDB(bin, dir)
+	})
+	if sharedMariaErr != nil {
+		t.Fatal(sharedMariaErr)
+	}
+	return sharedMaria
 }

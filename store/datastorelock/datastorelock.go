@@ -591,7 +591,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 				DatabaseId:  b.database,
 				PartitionId: &pb.PartitionId{ProjectId: b.project, DatabaseId: b.database, NamespaceId: b.namespace},
 				QueryType: &pb.RunQueryRequest_Query{Query: &pb.Query{
-					Kind:       []*pb.KindExpression{{Name: b.kind}},
+					Kind: []*pb.KindExpression{{Name: b.kind}},
 					Filter: &pb.Filter{FilterType: &pb.Filter_PropertyFilter{PropertyFilter: &pb.PropertyFilter{
 						Property: &pb.PropertyReference{Name: propExpiresAt},
 						Op:       pb.PropertyFilter_LESS_THAN_OR_EQUAL,

@@ -1,0 +1,166 @@
+package sqllock_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/stdlib"
+	"modernc.org/sqlite"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
+)
+
+// engine opens databases of one kind for the tests.
+type engine struct {
+	name    string
+	dialect *sqllock.Dialect
+	// dsn returns a data source name for a fresh or shared database.
+	dsn func(t testing.TB) string
+	drv driver.Driver
+}
+
+var engines = []engine{
+	{"postgres", sqllock.Postgres, func(t testing.TB) string { return testsvc.Postgres(t) }, &stdlib.Driver{}},
+	{"mysql", sqllock.MySQL, mariaDSN, &mysql.MySQLDriver{}},
+	{"sqlite", sqllock.SQLite, sqliteDSN, &sqlite.Driver{}},
+}
+
+var (
+	mariaOnce sync.Once
+	mariaErr  error
+)
+
+// mariaDSN returns a DSN for the database idem_test on the shared MariaDB.
+func mariaDSN(t testing.TB) string {
+	base := testsvc.MariaDB(t)
+	mariaOnce.Do(func() {
+		db, err := sql.Open("mysql", base)
+		if err != nil {
+			mariaErr = err
+			return
+		}
+		defer db.Close()
+		_, mariaErr = db.Exec("CREATE DATABASE IF NOT EXISTS idem_test")
+	})
+	if mariaErr != nil {
+		t.Fatal(mariaErr)
+	}
+	return base + "idem_test"
+}
+
+// sqliteDSN returns a DSN for a new database file.
+func sqliteDSN(t testing.TB) string {
+	return "file:" + filepath.Join(t.TempDir(), "idem.db") + "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
+}
+
+// counter counts the statements sent through databases opened with it.
+type counter struct{ n atomic.Int64 }
+
+// open opens a database of the engine, counting statements into c (which
+// may be nil), and closes it when t ends.
+func (e engine) open(t testing.TB, dsn string, c *counter) *sql.DB {
+	t.Helper()
+	if c == nil {
+		c = &counter{}
+	}
+	db := sql.OpenDB(&countingConnector{dsn: dsn, drv: e.drv, c: c})
+	db.SetMaxOpenConns(64)
+	db.SetMaxIdleConns(64)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// backend returns a backend on its own new table.
+func (e engine) backend(t testing.TB, db *sql.DB, opts ...sqllock.Option) *sqllock.Backend {
+	t.Helper()
+	table := fmt.Sprintf("t_%016x", rand.Uint64())
+	b, err := sqllock.New(db, e.dialect, append([]sqllock.Option{sqllock.WithTable(table)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.EnsureSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+type countingConnector struct {
+	dsn string
+	drv driver.Driver
+	c   *counter
+}
+
+func (cc *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	var conn driver.Conn
+	var err error
+	if dc, ok := cc.drv.(driver.DriverContext); ok {
+		var ctr driver.Connector
+		if ctr, err = dc.OpenConnector(cc.dsn); err != nil {
+			return nil, err
+		}
+		conn, err = ctr.Connect(ctx)
+	} else {
+		conn, err = cc.drv.Open(cc.dsn)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: conn, c: cc.c}, nil
+}
+
+func (cc *countingConnector) Driver() driver.Driver { return cc.drv }
+
+// countingConn forwards to the driver's connection, counting each query
+// and exec as one round trip.
+type countingConn struct {
+	driver.Conn
+	c *counter
+}
+
+func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
+	c.c.n.Add(1)
+	return c.Conn.(driver.QueryerContext).QueryContext(ctx, q, args)
+}
+
+func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
+	c.c.n.Add(1)
+	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
+}
+
+func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+}
+
+func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
+	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+}
+
+func (c *countingConn) ResetSession(ctx context.Context) error {
+	if r, ok := c.Conn.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *countingConn) IsValid() bool {
+	if v, ok := c.Conn.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return true
+}
+
+func (c *countingConn) CheckNamedValue(nv *driver.NamedValue) error {
+	if ch, ok := c.Conn.(driver.NamedValueChecker); ok {
+		return ch.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
+}

@@ -1,0 +1,508 @@
+// Package sqllock is a store.Backend on a SQL table through database/sql:
+// PostgreSQL, MySQL/MariaDB and SQLite, each with its Dialect.
+//
+// Bring your own *sql.DB (its pool, driver and credentials); the backend
+// only runs statements on it. Time comes from the database's clock (for
+// SQLite, which has no server, the process's). Keys are bound as
+// parameters, never spliced into SQL; the table name is checked to be a
+// plain identifier (optionally schema-qualified) and quoted.
+//
+// Round trips per operation:
+//
+//	            Claim (fresh / taken / reclaim)   Complete   Release
+//	Postgres    1 / 1 / 1                         1          1
+//	SQLite      1 / 2 / 1                         1          1
+//	MySQL       2 / 2 / 3                         1 (2 if repeated)   1
+//
+// The table (see Schema for the exact DDL of each dialect):
+//
+//	idem_key         the key, as bytes (BYTEA / VARBINARY(1024) / BLOB), primary key
+//	state            1 claimed, 2 done
+//	fence            the fencing token
+//	lease_expiry_ms  when the holder's lease ends, Unix milliseconds
+//	expires_at_ms    when the record may be deleted, Unix milliseconds (indexed)
+//	token            the winning claim's token
+//
+// Nothing deletes expired rows by itself: call PurgeExpired now and then.
+package sqllock
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// DefaultTable is the table the backend uses unless WithTable says
+// otherwise.
+const DefaultTable = "idempotency_keys"
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithTable sets the table name: an identifier of letters, digits and
+// underscores (not starting with a digit, at most 63 characters), or
+// schema.table. Anything else makes New fail.
+func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
+
+// WithTTL sets how long a completed key suppresses duplicates, and how long
+// a claimed record outlives its lease. Default store.DefaultTTL.
+func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl } }
+
+// WithRetries sets how many more times an operation is sent, with the same
+// claim token, after a broken connection, a deadlock, a serialization
+// failure or a busy database. Default 3.
+func WithRetries(n int) Option { return func(b *Backend) { b.retries = n } }
+
+// Backend is a store.Backend on a SQL table. It is safe for concurrent use.
+type Backend struct {
+	db      *sql.DB
+	d       *Dialect
+	table   string
+	ttl     time.Duration
+	retries int
+	q       statements
+}
+
+var (
+	_ store.Backend  = (*Backend)(nil)
+	_ store.Extender = (*Backend)(nil)
+	_ store.Purger   = (*Backend)(nil)
+)
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// New returns a Backend over db in dialect d. It does no I/O: call
+// EnsureSchema, or create the table yourself from Schema.
+func New(db *sql.DB, d *Dialect, opts ...Option) (*Backend, error) {
+	b := &Backend{db: db, d: d, table: DefaultTable, ttl: store.DefaultTTL, retries: 3}
+	for _, o := range opts {
+		o(b)
+	}
+	if db == nil {
+		return nil, errors.New("sqllock: nil *sql.DB")
+	}
+	if d == nil {
+		return nil, errors.New("sqllock: nil Dialect (use sqllock.Postgres, sqllock.MySQL or sqllock.SQLite)")
+	}
+	parts := strings.Split(b.table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("sqllock: table name %q: at most schema.table", b.table)
+	}
+	for _, p := range parts {
+		if !identifier.MatchString(p) {
+			return nil, fmt.Errorf("sqllock: table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]{0,62})", b.table, p)
+		}
+	}
+	if err := store.ValidateTTL(b.ttl); err != nil {
+		return nil, fmt.Errorf("sqllock: %w", err)
+	}
+	if b.retries < 0 {
+		return nil, fmt.Errorf("sqllock: retries %d is negative", b.retries)
+	}
+	b.q = d.render(b.table)
+	return b, nil
+}
+
+// Schema returns the DDL EnsureSchema runs: the table and its index on
+// expires_at_ms.
+func (b *Backend) Schema() string { return b.q.schema1 }
+
+// TTL returns the ttl the backend applies.
+func (b *Backend) TTL() time.Duration { return b.ttl }
+
+// EnsureSchema creates the table and its index if they do not exist. It is
+// safe to call from several instances at once.
+func (b *Backend) EnsureSchema(ctx context.Context) error {
+	return b.retry(ctx, func() error {
+		tx, err := b.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		if b.q.lockDDL != "" {
+			if _, err := tx.ExecContext(ctx, b.q.lockDDL); err != nil {
+				return err
+			}
+		}
+		for _, q := range b.q.schema {
+			if _, err := tx.ExecContext(ctx, q); err != nil {
+				return fmt.Errorf("sqllock: %s: %w", firstLine(q), err)
+			}
+		}
+		return tx.Commit()
+	})
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+
+func newToken() string {
+	var buf [12]byte
+	rand.Read(buf[:])
+	return hex.EncodeToString(buf[:])
+}
+
+// transient reports whether a retry may clear err.
+func transient(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, sql.ErrConnDone) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		switch pg.SQLState() {
+		case "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006":
+			return true
+		}
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		switch lite.Code() & 0xff {
+		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+			return true
+		}
+	}
+	msg := err.Error()
+	for _, s := range []string{"Error 1213", "Error 1205", "Error 2006", "Error 2013", "invalid connection", "broken pipe", "connection reset"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// retry runs op, and again after a transient failure, within ctx and the
+// retry budget.
+func (b *Backend) retry(ctx context.Context, op func() error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var err error
+	for attempt := 0; ; attempt++ {
+		err = op()
+		if err == nil || attempt >= b.retries || ctx.Err() != nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(10<<min(attempt, 5)) * time.Millisecond):
+		}
+	}
+}
+
+type row struct {
+	state, fence, lease, exp, now int64
+	token                         string
+}
+
+func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
+	err = b.db.QueryRowContext(ctx, b.q.read, key).Scan(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.now)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, false, nil
+	}
+	return r, err == nil, err
+}
+
+// judge turns a record someone else holds into a Result; ok is false when
+// the record is reclaimable (or ours) and needs a write.
+func judge(r row, token string) (store.Result, bool) {
+	switch {
+	case r.state == 1 && r.token == token:
+		return store.Result{}, false
+	case r.state == 2 && r.now < r.exp:
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.exp)}, true
+	case r.state == 1 && r.now < r.lease:
+		return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(r.lease)}, true
+	}
+	return store.Result{}, false
+}
+
+// maxRounds bounds how often Claim looks again after losing a race.
+const maxRounds = 32
+
+var errRace = errors.New("sqllock: the record changed between reading and writing it")
+
+// Claim implements store.Backend.
+func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Result{}, err
+	}
+	if err := store.ValidateLease(lease); err != nil {
+		return store.Result{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return store.Result{}, fmt.Errorf("sqllock: claim %q: %w", key, err)
+	}
+	token := newToken()
+	k := []byte(key)
+	var res store.Result
+	err := b.retry(ctx, func() error {
+		for range maxRounds {
+			var err error
+			switch {
+			case b.q.claim != "":
+				res, err = b.claimOne(ctx, k, lease, token)
+			case b.q.upsert != "":
+				res, err = b.claimUpsert(ctx, k, lease, token)
+			default:
+				res, err = b.claimMySQL(ctx, k, lease, token)
+			}
+			if !errors.Is(err, errRace) {
+				return err
+			}
+		}
+		return fmt.Errorf("sqllock: still contended after %d rounds", maxRounds)
+	})
+	if err != nil {
+		return store.Result{}, fmt.Errorf("sqllock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
+	}
+	res.Claim.Key = key
+	return res, nil
+}
+
+func won(fence, lease int64, token string) store.Result {
+	return store.Result{Outcome: store.Won, Claim: store.Claim{Fence: fence, Token: token, LeaseExpiry: time.UnixMilli(lease)}}
+}
+
+// claimOne: Postgres, every outcome in one statement.
+func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
+	var outcome, fence, until, now int64
+	err := b.db.QueryRowContext(ctx, b.q.claim, k, millis(lease), millis(b.ttl), token).Scan(&outcome, &fence, &until, &now)
+	if errors.Is(err, sql.ErrNoRows) {
+		// A concurrent insert committed after this statement's snapshot:
+		// the conflict saw the row, the snapshot did not. Look again.
+		return store.Result{}, errRace
+	}
+	if err != nil {
+		return store.Result{}, err
+	}
+	switch outcome {
+	case 1:
+		return won(fence, until, token), nil
+	case 2:
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until)}, nil
+	}
+	if until <= now {
+		// The snapshot showed a lapsed lease that a concurrent reclaim has
+		// since renewed: look again for the current holder's lease.
+		return store.Result{}, errRace
+	}
+	return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(until)}, nil
+}
+
+// claimUpsert: SQLite, the upsert, and a read when the key is taken.
+func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
+	var fence, until int64
+	err := b.db.QueryRowContext(ctx, b.q.upsert, k, millis(lease), millis(b.ttl), token).Scan(&fence, &until)
+	if err == nil {
+		return won(fence, until, token), nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return store.Result{}, err
+	}
+	r, found, err := b.read(ctx, k)
+	if err != nil {
+		return store.Result{}, err
+	}
+	if !found {
+		return store.Result{}, errRace
+	}
+	if res, ok := judge(r, token); ok {
+		return res, nil
+	}
+	if r.state == 1 && r.token == token {
+		return won(r.fence, r.lease, token), nil
+	}
+	return store.Result{}, errRace
+}
+
+// claimMySQL: INSERT IGNORE, then read, then a conditional reclaim.
+func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
+	lms, tms := millis(lease), millis(b.ttl)
+	if _, err := b.db.ExecContext(ctx, b.q.insert, k, lms, lms, tms, token); err != nil {
+		return store.Result{}, err
+	}
+	r, found, err := b.read(ctx, k)
+	if err != nil {
+		return store.Result{}, err
+	}
+	if !found {
+		return store.Result{}, errRace
+	}
+	if r.state == 1 && r.token == token {
+		return won(r.fence, r.lease, token), nil
+	}
+	if res, ok := judge(r, token); ok {
+		return res, nil
+	}
+	newLease := r.now + lms
+	n, err := exec(ctx, b.db, b.q.reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
+	if err != nil {
+		return store.Result{}, err
+	}
+	if n == 1 {
+		return won(r.fence+1, newLease, token), nil
+	}
+	return store.Result{}, errRace
+}
+
+func exec(ctx context.Context, db *sql.DB, q string, args ...any) (int64, error) {
+	res, err := db.ExecContext(ctx, q, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Complete implements store.Backend.
+func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return false, err
+	}
+	k := []byte(c.Key)
+	var done bool
+	err := b.retry(ctx, func() error {
+		if b.d.returning {
+			var one int
+			err := b.db.QueryRowContext(ctx, b.q.complete, k, c.Fence, millis(b.ttl)).Scan(&one)
+			if errors.Is(err, sql.ErrNoRows) {
+				done = false
+				return nil
+			}
+			done = err == nil
+			return err
+		}
+		n, err := exec(ctx, b.db, b.q.complete, millis(b.ttl), k, c.Fence)
+		if err != nil || n == 1 {
+			done = n == 1
+			return err
+		}
+		// Nothing changed: either the fence is stale, or an earlier try
+		// already completed it.
+		var count int
+		err = b.db.QueryRowContext(ctx, b.q.isDone, k, c.Fence).Scan(&count)
+		done = count == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("sqllock: complete %q fence %d: %w", c.Key, c.Fence, err)
+	}
+	return done, nil
+}
+
+// Release implements store.Backend.
+func (b *Backend) Release(ctx context.Context, c store.Claim) error {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return err
+	}
+	k := []byte(c.Key)
+	err := b.retry(ctx, func() error {
+		var err error
+		if b.d.returning {
+			_, err = b.db.ExecContext(ctx, b.q.release, k, c.Fence, millis(b.ttl))
+		} else {
+			_, err = b.db.ExecContext(ctx, b.q.release, millis(b.ttl), k, c.Fence)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("sqllock: release %q fence %d: %w", c.Key, c.Fence, err)
+	}
+	return nil
+}
+
+// Extend implements store.Extender.
+func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return c, err
+	}
+	if err := store.ValidateLease(lease); err != nil {
+		return c, err
+	}
+	k := []byte(c.Key)
+	var until int64
+	var held bool
+	err := b.retry(ctx, func() error {
+		if b.d.returning {
+			err := b.db.QueryRowContext(ctx, b.q.extend, k, c.Fence, millis(lease), millis(b.ttl)).Scan(&until)
+			if errors.Is(err, sql.ErrNoRows) {
+				held = false
+				return nil
+			}
+			held = err == nil
+			return err
+		}
+		if _, err := b.db.ExecContext(ctx, b.q.extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence); err != nil {
+			return err
+		}
+		err := b.db.QueryRowContext(ctx, b.q.lease, k, c.Fence).Scan(&until)
+		if errors.Is(err, sql.ErrNoRows) {
+			held = false
+			return nil
+		}
+		held = err == nil
+		return err
+	})
+	if err != nil {
+		return c, fmt.Errorf("sqllock: extend %q fence %d: %w", c.Key, c.Fence, err)
+	}
+	if !held {
+		return c, fmt.Errorf("sqllock: extend %q fence %d: %w", c.Key, c.Fence, store.ErrLost)
+	}
+	c.LeaseExpiry = time.UnixMilli(until)
+	return c, nil
+}
+
+// PurgeBatch is how many rows one PurgeExpired statement deletes at most.
+const PurgeBatch = 1000
+
+// PurgeExpired implements store.Purger: it deletes rows whose
+// expires_at_ms has passed by the database's clock, PurgeBatch rows per
+// statement, until none are left or limit rows are gone.
+func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	total := 0
+	for limit <= 0 || total < limit {
+		n := PurgeBatch
+		if limit > 0 && limit-total < n {
+			n = limit - total
+		}
+		var deleted int64
+		err := b.retry(ctx, func() error {
+			var err error
+			deleted, err = exec(ctx, b.db, b.q.purge, n)
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("sqllock: purge: %w", err)
+		}
+		total += int(deleted)
+		if deleted < int64(n) {
+			break
+		}
+	}
+	return total, nil
+}
