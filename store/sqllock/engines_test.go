@@ -62,8 +62,10 @@ func sqliteDSN(t testing.TB) string {
 	return "file:" + filepath.Join(t.TempDir(), "idem.db") + "?_pragma=busy_timeout(20000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"
 }
 
-// counter counts the statements sent through databases opened with it.
-type counter struct{ n atomic.Int64 }
+// counter counts the statements sent through databases opened with it
+// (n), and separately the prepares, which a connection does once per
+// statement.
+type counter struct{ n, prepares atomic.Int64 }
 
 // open opens a database of the engine, counting statements into c (which
 // may be nil), and closes it when t ends.
@@ -140,8 +142,37 @@ func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
 }
 
+// PrepareContext counts a prepare as a round trip, and each execution of
+// the prepared statement as another.
 func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
-	return c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+	c.c.prepares.Add(1)
+	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	return &countingStmt{Stmt: st, c: c.c}, nil
+}
+
+type countingStmt struct {
+	driver.Stmt
+	c *counter
+}
+
+func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	s.c.n.Add(1)
+	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+}
+
+func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	s.c.n.Add(1)
+	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+}
+
+func (s *countingStmt) CheckNamedValue(nv *driver.NamedValue) error {
+	if ch, ok := s.Stmt.(driver.NamedValueChecker); ok {
+		return ch.CheckNamedValue(nv)
+	}
+	return driver.ErrSkip
 }
 
 func (c *countingConn) ResetSession(ctx context.Context) error {

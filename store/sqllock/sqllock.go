@@ -38,6 +38,7 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -72,6 +73,9 @@ type Backend struct {
 	ttl     time.Duration
 	retries int
 	q       statements
+
+	mu       sync.Mutex
+	prepared map[string]*sql.Stmt
 }
 
 var (
@@ -214,13 +218,69 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 	}
 }
 
+// stmt returns q prepared on b.db, preparing it on first use. Prepared
+// statements spare the drivers that would otherwise prepare, execute and
+// close on every call (go-sql-driver/mysql: two round trips) or compile
+// the SQL every time (SQLite).
+func (b *Backend) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st, ok := b.prepared[q]; ok {
+		return st, nil
+	}
+	st, err := b.db.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if b.prepared == nil {
+		b.prepared = make(map[string]*sql.Stmt)
+	}
+	b.prepared[q] = st
+	return st, nil
+}
+
+// queryRow runs q, prepared, and scans its one row into dest.
+func (b *Backend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
+	st, err := b.stmt(ctx, q)
+	if err != nil {
+		return err
+	}
+	return st.QueryRowContext(ctx, args...).Scan(dest...)
+}
+
+// exec runs q, prepared, and returns the rows it affected.
+func (b *Backend) exec(ctx context.Context, q string, args ...any) (int64, error) {
+	st, err := b.stmt(ctx, q)
+	if err != nil {
+		return 0, err
+	}
+	res, err := st.ExecContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Close releases the prepared statements. It does not close the *sql.DB,
+// which belongs to the caller.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var errs []error
+	for _, st := range b.prepared {
+		errs = append(errs, st.Close())
+	}
+	b.prepared = nil
+	return errors.Join(errs...)
+}
+
 type row struct {
 	state, fence, lease, exp, now int64
 	token                         string
 }
 
 func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
-	err = b.db.QueryRowContext(ctx, b.q.read, key).Scan(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.now)
+	err = b.queryRow(ctx, b.q.read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}
@@ -291,7 +351,7 @@ func won(fence, lease int64, token string) store.Result {
 // claimOne: Postgres, every outcome in one statement.
 func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	var outcome, fence, until, now int64
-	err := b.db.QueryRowContext(ctx, b.q.claim, k, millis(lease), millis(b.ttl), token).Scan(&outcome, &fence, &until, &now)
+	err := b.queryRow(ctx, b.q.claim, []any{k, millis(lease), millis(b.ttl), token}, &outcome, &fence, &until, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// the conflict saw the row, the snapshot did not. Look again.
@@ -317,7 +377,7 @@ func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, t
 // claimUpsert: SQLite, the upsert, and a read when the key is taken.
 func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	var fence, until int64
-	err := b.db.QueryRowContext(ctx, b.q.upsert, k, millis(lease), millis(b.ttl), token).Scan(&fence, &until)
+	err := b.queryRow(ctx, b.q.upsert, []any{k, millis(lease), millis(b.ttl), token}, &fence, &until)
 	if err == nil {
 		return won(fence, until, token), nil
 	}
@@ -343,7 +403,7 @@ func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration
 // claimMySQL: INSERT IGNORE, then read, then a conditional reclaim.
 func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	lms, tms := millis(lease), millis(b.ttl)
-	if _, err := b.db.ExecContext(ctx, b.q.insert, k, lms, lms, tms, token); err != nil {
+	if _, err := b.exec(ctx, b.q.insert, k, lms, lms, tms, token); err != nil {
 		return store.Result{}, err
 	}
 	r, found, err := b.read(ctx, k)
@@ -360,7 +420,7 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 		return res, nil
 	}
 	newLease := r.now + lms
-	n, err := exec(ctx, b.db, b.q.reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
+	n, err := b.exec(ctx, b.q.reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
 	if err != nil {
 		return store.Result{}, err
 	}
@@ -368,14 +428,6 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 		return won(r.fence+1, newLease, token), nil
 	}
 	return store.Result{}, errRace
-}
-
-func exec(ctx context.Context, db *sql.DB, q string, args ...any) (int64, error) {
-	res, err := db.ExecContext(ctx, q, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
 }
 
 // Complete implements store.Backend.
@@ -388,7 +440,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	err := b.retry(ctx, func() error {
 		if b.d.returning {
 			var one int
-			err := b.db.QueryRowContext(ctx, b.q.complete, k, c.Fence, millis(b.ttl)).Scan(&one)
+			err := b.queryRow(ctx, b.q.complete, []any{k, c.Fence, millis(b.ttl)}, &one)
 			if errors.Is(err, sql.ErrNoRows) {
 				done = false
 				return nil
@@ -396,7 +448,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 			done = err == nil
 			return err
 		}
-		n, err := exec(ctx, b.db, b.q.complete, millis(b.ttl), k, c.Fence)
+		n, err := b.exec(ctx, b.q.complete, millis(b.ttl), k, c.Fence)
 		if err != nil || n == 1 {
 			done = n == 1
 			return err
@@ -404,7 +456,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 		// Nothing changed: either the fence is stale, or an earlier try
 		// already completed it.
 		var count int
-		err = b.db.QueryRowContext(ctx, b.q.isDone, k, c.Fence).Scan(&count)
+		err = b.queryRow(ctx, b.q.isDone, []any{k, c.Fence}, &count)
 		done = count == 1
 		return err
 	})
@@ -423,9 +475,9 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	err := b.retry(ctx, func() error {
 		var err error
 		if b.d.returning {
-			_, err = b.db.ExecContext(ctx, b.q.release, k, c.Fence, millis(b.ttl))
+			_, err = b.exec(ctx, b.q.release, k, c.Fence, millis(b.ttl))
 		} else {
-			_, err = b.db.ExecContext(ctx, b.q.release, millis(b.ttl), k, c.Fence)
+			_, err = b.exec(ctx, b.q.release, millis(b.ttl), k, c.Fence)
 		}
 		return err
 	})
@@ -448,7 +500,7 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	var held bool
 	err := b.retry(ctx, func() error {
 		if b.d.returning {
-			err := b.db.QueryRowContext(ctx, b.q.extend, k, c.Fence, millis(lease), millis(b.ttl)).Scan(&until)
+			err := b.queryRow(ctx, b.q.extend, []any{k, c.Fence, millis(lease), millis(b.ttl)}, &until)
 			if errors.Is(err, sql.ErrNoRows) {
 				held = false
 				return nil
@@ -456,10 +508,10 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 			held = err == nil
 			return err
 		}
-		if _, err := b.db.ExecContext(ctx, b.q.extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence); err != nil {
+		if _, err := b.exec(ctx, b.q.extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence); err != nil {
 			return err
 		}
-		err := b.db.QueryRowContext(ctx, b.q.lease, k, c.Fence).Scan(&until)
+		err := b.queryRow(ctx, b.q.lease, []any{k, c.Fence}, &until)
 		if errors.Is(err, sql.ErrNoRows) {
 			held = false
 			return nil
@@ -493,7 +545,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 		var deleted int64
 		err := b.retry(ctx, func() error {
 			var err error
-			deleted, err = exec(ctx, b.db, b.q.purge, n)
+			deleted, err = b.exec(ctx, b.q.purge, n)
 			return err
 		})
 		if err != nil {
