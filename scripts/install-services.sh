@@ -7,6 +7,11 @@ set -euo pipefail
 pkgs=()
 command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
 command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless) # the Datastore emulator
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || pkgs+=(mariadb-server)
+if ! command -v initdb >/dev/null 2>&1 && [ ! -x /usr/local/bin/initdb ] &&
+	! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+	pkgs+=(postgresql)
+fi
 
 emulator=/usr/lib/google-cloud-sdk/platform/cloud-datastore-emulator/cloud_datastore_emulator
 if [ -z "${DATASTORE_EMULATOR_HOST:-}" ] && [ ! -x "$emulator" ]; then

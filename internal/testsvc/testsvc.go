@@ -66,6 +66,8 @@ type Process struct {
 	// prepare adjusts the command before each start (for example to run
 	// it as another user).
 	prepare func(*exec.Cmd) error
+	// removeDir: StopAll deletes dir (a shared instance's temp dir).
+	removeDir bool
 }
 
 // Start runs bin with args in dir, logging to dir/NAME.log, and waits until
@@ -150,6 +152,9 @@ func StopAll() {
 	defer mu.Unlock()
 	for _, p := range running {
 		p.Kill()
+		if p.removeDir {
+			os.RemoveAll(p.dir)
+		}
 	}
 	running = nil
 }
@@ -243,6 +248,7 @@ func Redis(t testing.TB) string {
 			sharedRedisErr = err
 			return
 		}
+		p.removeDir = true
 		sharedRedis = p.Addr
 	})
 	if sharedRedisErr != nil {
@@ -313,11 +319,13 @@ func Datastore(t testing.TB) string {
 			return
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		_, datastoreErr = Start("datastore-emulator", DatastoreEmulator, dir, addr, []string{
+		var p *Process
+		p, datastoreErr = Start("datastore-emulator", DatastoreEmulator, dir, addr, []string{
 			"start", "--host=127.0.0.1", fmt.Sprintf("--port=%d", port),
 			"--testing", "--store_on_disk=false", "--consistency=1.0",
 		}, HTTPReady)
 		if datastoreErr == nil {
+			p.removeDir = true
 			datastoreAddr = addr
 			os.Setenv("DATASTORE_EMULATOR_HOST", addr)
 		}
@@ -476,7 +484,11 @@ func Postgres(t testing.TB) string {
 			sharedPGErr = err
 			return
 		}
-		_, sharedPG, sharedPGErr = startPostgres(initdb, postgres, dir)
+		var p *Process
+		p, sharedPG, sharedPGErr = startPostgres(initdb, postgres, dir)
+		if p != nil {
+			p.removeDir = true
+		}
 	})
 	if sharedPGErr != nil {
 		t.Fatal(sharedPGErr)
@@ -581,7 +593,11 @@ func MariaDB(t testing.TB) string {
 			sharedMariaErr = err
 			return
 		}
-		_, sharedMaria, sharedMariaErr = startMariaDB(bin, dir)
+		var p *Process
+		p, sharedMaria, sharedMariaErr = startMariaDB(bin, dir)
+		if p != nil {
+			p.removeDir = true
+		}
 	})
 	if sharedMariaErr != nil {
 		t.Fatal(sharedMariaErr)

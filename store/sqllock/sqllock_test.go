@@ -98,7 +98,7 @@ func TestHostileKeysAreStoredVerbatimNeverExecuted(t *testing.T) {
 				t.Fatalf("table holds %d rows (%v), want %d", n, err, len(keys))
 			}
 			var stored []byte
-			if err := db.QueryRow("SELECT idem_key FROM "+tableOf(b)+" WHERE fence = 1 ORDER BY LENGTH(idem_key) DESC LIMIT 1").Scan(&stored); err != nil || string(stored) != keys[len(keys)-1] {
+			if err := db.QueryRow("SELECT idem_key FROM " + tableOf(b) + " WHERE fence = 1 ORDER BY LENGTH(idem_key) DESC LIMIT 1").Scan(&stored); err != nil || string(stored) != keys[len(keys)-1] {
 				t.Fatalf("the 1 KiB key came back as %d bytes (%v)", len(stored), err)
 			}
 		})
