@@ -36,6 +36,14 @@ type config struct {
 	onDup     func(context.Context, string) error
 }
 
+func newConfig(opts []Option) config {
+	cfg := config{lock: newLockConfig(), key: MessageID()}
+	for _, o := range opts {
+		o.applyIdempotent(&cfg)
+	}
+	return cfg
+}
+
 type option func(*config)
 
 func (f option) applyIdempotent(c *config) { f(c) }
@@ -106,10 +114,7 @@ func Disabled() bool {
 // KeyFunc, or a prefix that is not a valid key part: these are mistakes in
 // the program, found at start-up.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
-	cfg := config{lock: newLockConfig(), key: MessageID()}
-	for _, o := range opts {
-		o.applyIdempotent(&cfg)
-	}
+	cfg := newConfig(opts)
 	if Disabled() {
 		cfg.lock.log().Warn("idempotency: " + DisableEnv + " is set; handlers run unguarded and duplicates are NOT suppressed")
 		return func(h CloudEventFunc) CloudEventFunc { return h }

@@ -53,7 +53,7 @@ func main() {
 		log.Fatal(err)
 	}
 	go supplier.Serve(sl)
-	os.Setenv("SUPPLIER_URL", "http://"+sl.Addr().String()+"/orders")
+	os.Setenv("SUPPLIER_URL", "http://"+sl.Addr().String())
 
 	os.Setenv("FUNCTION_TARGET", "HandleOrder")
 	base, failed, err := ffserve.Start(*port)
