@@ -79,10 +79,10 @@ func TestPushHandlerStatuses(t *testing.T) {
 	cases := []struct {
 		name    string
 		handler idempotency.CloudEventFunc
-		method string
-		body   string
-		ctype  string
-		want   int
+		method  string
+		body    string
+		ctype   string
+		want    int
 	}{
 		{name: "handler error", handler: func(context.Context, cloudevents.Event) error { return fmt.Errorf("boom") },
 			body: `{"message":{"messageId":"a"}}`, want: http.StatusInternalServerError},
