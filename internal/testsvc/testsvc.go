@@ -604,3 +604,49 @@ func MariaDB(t testing.TB) string {
 	}
 	return sharedMaria
 }
+
+// PubSubEmulator is where the gcloud SDK keeps the Pub/Sub emulator.
+const PubSubEmulator = "/usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator"
+
+var (
+	pubsubOnce sync.Once
+	pubsubAddr string
+	pubsubErr  error
+)
+
+// PubSub returns the host:port of a Pub/Sub emulator shared by the whole
+// test binary: PUBSUB_EMULATOR_HOST when set, else one it starts. Tests
+// sharing it must use projects or topics of their own.
+func PubSub(t testing.TB) string {
+	t.Helper()
+	if addr := os.Getenv("PUBSUB_EMULATOR_HOST"); addr != "" && pubsubAddr == "" {
+		return addr
+	}
+	if _, err := os.Stat(PubSubEmulator); err != nil {
+		Missing(t, "the Pub/Sub emulator", "install the Google Cloud SDK's pubsub-emulator (and a Java runtime), or set PUBSUB_EMULATOR_HOST")
+	}
+	pubsubOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "testsvc-pubsub-")
+		if err != nil {
+			pubsubErr = err
+			return
+		}
+		port, err := FreePort()
+		if err != nil {
+			pubsubErr = err
+			return
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		var p *Process
+		p, pubsubErr = Start("pubsub-emulator", PubSubEmulator, dir, addr,
+			[]string{"--host=127.0.0.1", fmt.Sprintf("--port=%d", port)}, HTTPReady)
+		if pubsubErr == nil {
+			p.removeDir = true
+			pubsubAddr = addr
+		}
+	})
+	if pubsubErr != nil {
+		t.Fatal(pubsubErr)
+	}
+	return pubsubAddr
+}

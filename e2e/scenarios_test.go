@@ -1,0 +1,231 @@
+package e2e
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func order(id string) map[string]any {
+	return map[string]any{"order": map[string]any{"id": id, "qty": 1}}
+}
+
+func TestAckedMessageProcessesOnce(t *testing.T) {
+	ps, sup := newPubSub(t, "acked"), newSupplier(t)
+	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps.publish(t, "orders", map[string]string{"po_id": "PO-1"}, order("PO-1"))
+	eventually(t, 30*time.Second, "the order at the supplier", func() bool { return sup.callsFor("orders:PO-1") == 1 })
+	f.drained(t, 3*time.Second, 30*time.Second)
+	if n := f.deliveries.Load(); n != 1 || sup.callsFor("orders:PO-1") != 1 {
+		t.Fatalf("%d deliveries, %d supplier calls; want 1 and 1", n, sup.callsFor("orders:PO-1"))
+	}
+}
+
+func TestSameMessageOnTwoSubscriptionsProcessesOnce(t *testing.T) {
+	ps, sup := newPubSub(t, "twosubs"), newSupplier(t)
+	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-a", "orders", f.lb.URL)
+	ps.subscribe(t, "orders-b", "orders", f.lb.URL)
+	ps.publish(t, "orders", map[string]string{"po_id": "PO-2"}, order("PO-2"))
+	eventually(t, 30*time.Second, "both deliveries acked", func() bool { return f.statusCounts()[http.StatusOK] >= 2 })
+	f.drained(t, 3*time.Second, 30*time.Second)
+	if n := sup.callsFor("orders:PO-2"); n != 1 {
+		t.Fatalf("the supplier got %d calls for one message on two subscriptions, want 1", n)
+	}
+}
+
+func TestConcurrentDuplicatesProcessOnce(t *testing.T) {
+	ps, sup := newPubSub(t, "concurrent"), newSupplier(t)
+	f := startFleet(t, 4, env(t, ps, sup, "HandleOrder")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	var wg sync.WaitGroup
+	for range 8 { // eight copies of one order at once, across four instances
+		wg.Go(func() { ps.publish(t, "orders", map[string]string{"po_id": "PO-3"}, order("PO-3")) })
+	}
+	wg.Wait()
+	eventually(t, 60*time.Second, "all eight acked", func() bool { return f.statusCounts()[http.StatusOK] >= 8 })
+	f.drained(t, 3*time.Second, 30*time.Second)
+	if n := sup.callsFor("orders:PO-3"); n != 1 {
+		t.Fatalf("the supplier got %d calls, want 1 (statuses %v)", n, f.statusCounts())
+	}
+}
+
+func TestTransientFailureNacksRetriesAndSucceedsOnce(t *testing.T) {
+	ps, sup := newPubSub(t, "transient"), newSupplier(t)
+	sup.failFirst["orders:PO-4"] = 2
+	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps.publish(t, "orders", map[string]string{"po_id": "PO-4"}, order("PO-4"))
+	eventually(t, 60*time.Second, "the third attempt", func() bool { return f.statusCounts()[http.StatusOK] == 1 })
+	f.drained(t, 3*time.Second, 30*time.Second)
+	st := f.statusCounts()
+	if sup.callsFor("orders:PO-4") != 3 || st[http.StatusInternalServerError] != 2 || st[http.StatusOK] != 1 {
+		t.Fatalf("supplier calls %d, statuses %v; want 2 failures (500, redelivered) then one success",
+			sup.callsFor("orders:PO-4"), st)
+	}
+}
+
+func TestBusinessRepublishIsCaughtByTheBusinessKey(t *testing.T) {
+	ps, sup := newPubSub(t, "republish"), newSupplier(t)
+	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	a := ps.publish(t, "orders", map[string]string{"po_id": "PO-5"}, order("PO-5"))
+	eventually(t, 30*time.Second, "the first publish", func() bool { return sup.callsFor("orders:PO-5") == 1 })
+	b := ps.publish(t, "orders", map[string]string{"po_id": "PO-5"}, order("PO-5"))
+	if a == b {
+		t.Fatalf("the republish reused messageId %s", a)
+	}
+	eventually(t, 30*time.Second, "the republish acked", func() bool { return f.statusCounts()[http.StatusOK] == 2 })
+	f.drained(t, 3*time.Second, 30*time.Second)
+	if n := sup.callsFor("orders:PO-5"); n != 1 {
+		t.Fatalf("the supplier got %d calls for an order published twice, want 1", n)
+	}
+}
+
+func TestUnkeyedMessageFailsClosed(t *testing.T) {
+	ps, sup := newPubSub(t, "unkeyed"), newSupplier(t)
+	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps.publish(t, "orders", map[string]string{"source": "batch"}, order("PO-6"))
+	eventually(t, 30*time.Second, "three refusals", func() bool { return f.statusCounts()[http.StatusInternalServerError] >= 3 })
+	if distinct, calls := sup.orders(); distinct != 0 || calls != 0 {
+		t.Fatalf("an order without a key reached the supplier (%d calls)", calls)
+	}
+	if st := f.statusCounts(); st[http.StatusOK] != 0 {
+		t.Fatalf("the unkeyed message was acked: %v", st)
+	}
+}
+
+func TestMutexSerializesStatusUpdatesNoneLost(t *testing.T) {
+	ps, sup := newPubSub(t, "mutex"), newSupplier(t)
+	f := startFleet(t, 4, env(t, ps, sup, "HandleStatusUpdate")...)
+	ps.topic(t, "status")
+	ps.subscribe(t, "status-push", "status", f.lb.URL)
+	const n = 20
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			ps.publish(t, "status", map[string]string{"po_id": "PO-7", "status": fmt.Sprint("s", i)}, map[string]any{})
+		})
+	}
+	wg.Wait()
+	eventually(t, 90*time.Second, "every update applied", func() bool {
+		sup.mu.Lock()
+		defer sup.mu.Unlock()
+		return len(sup.history["PO-7"]) >= n
+	})
+	f.drained(t, 3*time.Second, 60*time.Second)
+	sup.mu.Lock()
+	defer sup.mu.Unlock()
+	seen := map[string]int{}
+	for _, s := range sup.history["PO-7"] {
+		seen[s]++
+	}
+	if len(seen) != n || len(sup.history["PO-7"]) != n {
+		t.Fatalf("history %v: want each of the %d updates exactly once", sup.history["PO-7"], n)
+	}
+	if sup.overlaps != 0 {
+		t.Fatalf("%d read-modify-writes of one order interleaved", sup.overlaps)
+	}
+	t.Logf("%d updates applied one at a time; %d deliveries (statuses %v)", n, f.deliveries.Load(), f.statusCounts())
+}
+
+// The crash storm: four instances, hundreds of orders, republishes and a
+// second subscription, instances exiting right after the supplier accepted
+// an order and SIGKILLed from outside, restarted each time. Every order
+// must reach the supplier, and the supplier (which de-duplicates on the
+// key) must hold each exactly once.
+func TestCrashStorm(t *testing.T) {
+	const orders = 200
+	ps, sup := newPubSub(t, "storm"), newSupplier(t)
+	f := startFleet(t, 4, env(t, ps, sup, "HandleOrder", "E2E_CRASH_RATE=0.1", "IDEMPOTENCY_LEASE=2s")...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-a", "orders", f.lb.URL)
+	ps.subscribe(t, "orders-b", "orders", f.lb.URL)
+
+	stopKilling := make(chan struct{})
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		tick := time.NewTicker(300 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopKilling:
+				return
+			case <-tick.C:
+				f.kill(rand.IntN(len(f.instances)))
+			}
+		}
+	}()
+
+	published := 0
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := range orders {
+		po := fmt.Sprintf("PO-%04d", i)
+		copies := 1
+		if i%4 == 0 {
+			copies = 2 // the producer publishes a quarter of the orders twice
+		}
+		for range copies {
+			wg.Go(func() {
+				ps.publish(t, "orders", map[string]string{"po_id": po}, order(po))
+				mu.Lock()
+				published++
+				mu.Unlock()
+			})
+		}
+		if i%20 == 19 {
+			wg.Wait()
+		}
+	}
+	wg.Wait()
+	eventually(t, 150*time.Second, "90% of the orders at the supplier", func() bool {
+		d, _ := sup.orders()
+		return d >= orders*9/10
+	})
+	close(stopKilling)
+	<-killerDone
+	eventually(t, 180*time.Second, "every order at the supplier", func() bool {
+		d, _ := sup.orders()
+		return d == orders
+	})
+	f.drained(t, 5*time.Second, 120*time.Second)
+
+	distinct, calls := sup.orders()
+	for i := range orders {
+		if sup.callsFor(fmt.Sprintf("orders:PO-%04d", i)) == 0 {
+			t.Errorf("order PO-%04d was lost", i)
+		}
+	}
+	resends := calls - distinct
+	crashes, kills := f.crashes.Load(), f.kills.Load()
+	st := f.statusCounts()
+	t.Logf("crash storm: %d orders, %d messages published on 2 subscriptions, %d deliveries (statuses %v), "+
+		"%d injected crashes after a send, %d SIGKILLs, %d supplier calls, %d re-sends, duplicates at the supplier: %d",
+		orders, published, f.deliveries.Load(), st, crashes, kills, calls, resends, distinct-orders)
+	if distinct != orders {
+		t.Fatalf("the supplier holds %d distinct orders, want %d", distinct, orders)
+	}
+	if int64(resends) > crashes+kills {
+		t.Fatalf("%d re-sends but only %d crashes and kills: a re-send without a crash in its window is a bug", resends, crashes+kills)
+	}
+	if crashes == 0 || kills == 0 {
+		t.Fatalf("the storm injected %d crashes and %d kills; it must inject both", crashes, kills)
+	}
+	if strings.Contains(fmt.Sprint(st), "map[]") {
+		t.Fatal("no deliveries recorded")
+	}
+}
