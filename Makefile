@@ -1,7 +1,7 @@
 # The README's two set-up commands are `make demo` and `make test`.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test check services demo bench
+.PHONY: test check services demo e2e function-source bench
 
 # Everything CI runs: formatting, vet, staticcheck, and every test under the
 # race detector, with every backend against its real server: a missing
@@ -22,6 +22,14 @@ check:
 # times, sent to the supplier once.
 demo:
 	go run ./function_example/cmd/local
+
+# The end-to-end scenarios and the crash storm alone (also part of make test).
+e2e: services
+	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -count=1 -v ./e2e
+
+# The directory to deploy the example function from (see the README).
+function-source:
+	./scripts/function-source.sh build/function
 
 bench:
 	go test -run '^$$' -bench . -benchtime 2s -count 3 ./...

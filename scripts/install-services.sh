@@ -13,11 +13,17 @@ if ! command -v initdb >/dev/null 2>&1 && [ ! -x /usr/local/bin/initdb ] &&
 	pkgs+=(postgresql)
 fi
 
-emulator=/usr/lib/google-cloud-sdk/platform/cloud-datastore-emulator/cloud_datastore_emulator
-if [ -z "${DATASTORE_EMULATOR_HOST:-}" ] && [ ! -x "$emulator" ]; then
+sdk=/usr/lib/google-cloud-sdk/platform
+if [ -z "${DATASTORE_EMULATOR_HOST:-}" ] && [ ! -x "$sdk/cloud-datastore-emulator/cloud_datastore_emulator" ]; then
 	echo "the Datastore emulator is missing: install the Google Cloud SDK component" \
 		"(gcloud components install cloud-datastore-emulator, or the" \
 		"google-cloud-cli-datastore-emulator package) or set DATASTORE_EMULATOR_HOST" >&2
+	exit 1
+fi
+if [ -z "${PUBSUB_EMULATOR_HOST:-}" ] && [ ! -x "$sdk/pubsub-emulator/bin/cloud-pubsub-emulator" ]; then
+	echo "the Pub/Sub emulator is missing: install the Google Cloud SDK component" \
+		"(gcloud components install pubsub-emulator, or the" \
+		"google-cloud-cli-pubsub-emulator package) or set PUBSUB_EMULATOR_HOST" >&2
 	exit 1
 fi
 
