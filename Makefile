@@ -14,7 +14,7 @@ services:
 	./scripts/install-services.sh
 
 check:
-	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	@out="$$(find . -name '*.go' -not -path './build/*' -not -path '*/vendor/*' -print0 | xargs -0 gofmt -l)"; if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go run $(STATICCHECK) ./...
 

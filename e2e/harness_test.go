@@ -29,8 +29,9 @@ import (
 )
 
 // serverBin is the function server, built once in TestMain from the
-// deployable source directory functionDir.
-var serverBin, functionDir string
+// deployable source directory functionDir; serviceBin is the plain net/http
+// Cloud Run service example.
+var serverBin, functionDir, serviceBin string
 
 func TestMain(m *testing.M) {
 	code := func() int {
@@ -42,6 +43,11 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(dir)
 		if serverBin, err = buildServer(dir); err != nil {
 			fmt.Fprintln(os.Stderr, "building the function server:", err)
+			return 2
+		}
+		serviceBin = filepath.Join(dir, "cloudrun")
+		if out, err := exec.Command("go", "build", "-o", serviceBin, "../function_example/cmd/cloudrun").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "building the Cloud Run service example: %v\n%s", err, out)
 			return 2
 		}
 		return m.Run()
@@ -293,6 +299,7 @@ type fleet struct {
 	stop      atomic.Bool
 	wg        sync.WaitGroup
 
+	bin        string
 	deliveries atomic.Int64
 	mu         sync.Mutex
 	statuses   map[int]int
@@ -301,7 +308,12 @@ type fleet struct {
 }
 
 func startFleet(t *testing.T, n int, env ...string) *fleet {
-	f := &fleet{t: t, statuses: map[int]int{}}
+	return startFleetOf(t, serverBin, n, env...)
+}
+
+// startFleetOf runs n instances of bin.
+func startFleetOf(t *testing.T, bin string, n int, env ...string) *fleet {
+	f := &fleet{t: t, statuses: map[int]int{}, bin: bin}
 	for range n {
 		port, err := testsvc.FreePort()
 		if err != nil {
@@ -385,7 +397,7 @@ func (f *fleet) statusCounts() map[int]int {
 
 func (f *fleet) supervise(in *instance, env []string) {
 	for !f.stop.Load() {
-		cmd := exec.Command(serverBin)
+		cmd := exec.Command(f.bin)
 		cmd.Env = append(os.Environ(), append([]string{fmt.Sprint("PORT=", in.port)}, env...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		var logs bytes.Buffer

@@ -229,3 +229,24 @@ func TestCrashStorm(t *testing.T) {
 		t.Fatal("no deliveries recorded")
 	}
 }
+
+// The plain net/http Cloud Run service (PushHandler, no functions
+// framework) behind a push subscription on its /orders path.
+func TestCloudRunServiceExampleProcessesOnce(t *testing.T) {
+	ps, sup := newPubSub(t, "service"), newSupplier(t)
+	f := startFleetOf(t, serviceBin, 2, env(t, ps, sup, "")...)
+	ps.topic(t, "orders")
+	// The push endpoint is the service's /orders path.
+	ps.do(t, http.MethodPut, "/subscriptions/orders-svc", map[string]any{
+		"topic":      "projects/" + ps.project + "/topics/orders",
+		"pushConfig": map[string]any{"pushEndpoint": f.lb.URL + "/orders"},
+	}, nil)
+	for range 2 {
+		ps.publish(t, "orders", map[string]string{"po_id": "PO-8"}, order("PO-8"))
+	}
+	eventually(t, 30*time.Second, "both acked", func() bool { return f.statusCounts()[http.StatusNoContent] == 2 })
+	f.drained(t, 3*time.Second, 30*time.Second)
+	if n := sup.callsFor("orders:PO-8"); n != 1 {
+		t.Fatalf("the supplier got %d calls, want 1 (statuses %v)", n, f.statusCounts())
+	}
+}

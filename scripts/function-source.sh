@@ -9,6 +9,12 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$repo/build/function}
+case "$(realpath -m "$out")" in
+"$repo" | / | "$HOME")
+	echo "function-source.sh: refusing to write into $out" >&2
+	exit 2
+	;;
+esac
 rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)

@@ -126,6 +126,11 @@ func (p *Process) start(ready func(addr string) error) error {
 // Kill ends the process at once, as a crash would.
 func (p *Process) Kill() {
 	if p.cmd != nil && p.cmd.Process != nil {
+		// The whole tree, in case a server moved its children out of the
+		// process group (their connections must die with it).
+		for _, pid := range descendants(p.cmd.Process.Pid) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		p.cmd.Process.Kill()
 		select {
@@ -137,6 +142,41 @@ func (p *Process) Kill() {
 		p.log.Close()
 		p.log = nil
 	}
+}
+
+// descendants lists the processes below pid, read from /proc.
+func descendants(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	parent := map[int]int{}
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+		rest := stat[strings.LastIndexByte(string(stat), ')')+1:]
+		var state string
+		var ppid int
+		fmt.Sscan(string(rest), &state, &ppid)
+		parent[n] = ppid
+	}
+	var out []int
+	frontier := []int{pid}
+	for len(frontier) > 0 {
+		cur := frontier[0]
+		frontier = frontier[1:]
+		for child, pp := range parent {
+			if pp == cur {
+				out = append(out, child)
+				frontier = append(frontier, child)
+			}
+		}
+	}
+	return out
 }
 
 // Restart starts the process again with the same arguments and address.
