@@ -51,6 +51,8 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -123,6 +125,16 @@ func ValidateTTL(ttl time.Duration) error {
 		return fmt.Errorf("%w: %v is not positive", ErrInvalidTTL, ttl)
 	}
 	return nil
+}
+
+// NewToken returns a random claim token: 24 hex digits from crypto/rand,
+// distinct per call with overwhelming probability. Backends write it into
+// the record a Claim wins, so that a retry of that Claim can tell its own
+// win from someone else's.
+func NewToken() string {
+	var buf [12]byte
+	rand.Read(buf[:])
+	return hex.EncodeToString(buf[:])
 }
 
 // State is the stored state of a record.

@@ -57,3 +57,14 @@ func TestDefaultsOutliveACloudRunRequest(t *testing.T) {
 		t.Fatalf("lease %v + ttl %v does not exceed 60m", store.DefaultLease, store.DefaultTTL)
 	}
 }
+
+func TestNewTokenIsRandomHex(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		tok := store.NewToken()
+		if len(tok) != 24 || strings.Trim(tok, "0123456789abcdef") != "" || seen[tok] {
+			t.Fatalf("token %q: want 24 fresh hex digits", tok)
+		}
+		seen[tok] = true
+	}
+}

@@ -3,13 +3,13 @@ package datastorelock_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/datastore"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 )
 
@@ -73,26 +73,7 @@ func BenchmarkDelivery(b *testing.B) {
 				}
 				run("warm-up")
 				r.take()
-				var seq atomic.Int64
-				start := time.Now()
-				if workers == 1 {
-					for i := 0; i < b.N; i++ {
-						if err := run(fmt.Sprint(i)); err != nil {
-							b.Fatal(err)
-						}
-					}
-				} else {
-					b.SetParallelism(workers / 2)
-					b.RunParallel(func(pb *testing.PB) {
-						for pb.Next() {
-							if err := run(fmt.Sprint(seq.Add(1))); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				}
-				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "deliveries/s")
+				bench.Deliveries(b, workers, run)
 				if kind == "lock" {
 					b.ReportMetric(float64(len(r.take()))/float64(b.N), "RPCs/delivery")
 				}

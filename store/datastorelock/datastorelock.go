@@ -51,9 +51,7 @@ package datastorelock
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -272,12 +270,6 @@ func decode(res *pb.EntityResult) (record, error) {
 
 func (b *Backend) clock() time.Time { return b.now().UTC().Truncate(time.Microsecond) }
 
-func newToken() string {
-	var buf [12]byte
-	rand.Read(buf[:])
-	return hex.EncodeToString(buf[:])
-}
-
 // retry runs op until it succeeds, fails in a way a retry cannot fix, or
 // the budget or ctx runs out.
 func (b *Backend) retry(ctx context.Context, op func() error) error {
@@ -382,7 +374,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err := ctx.Err(); err != nil {
 		return store.Result{}, fmt.Errorf("datastorelock: claim %q: %w", key, err)
 	}
-	token := newToken()
+	token := store.NewToken()
 	tryInsert := true
 	for range maxRounds {
 		now := b.clock()

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,8 +28,8 @@ import (
 const project = "idempotency-test"
 
 func TestMain(m *testing.M) {
-	if helper := os.Getenv("DATASTORELOCK_HELPER"); helper != "" {
-		os.Exit(runHelper(helper))
+	if testsvc.IsRaceChild() {
+		os.Exit(raceChild())
 	}
 	code := m.Run()
 	testsvc.StopAll()
@@ -258,63 +257,19 @@ func TestLongAndOddKeysAreStored(t *testing.T) {
 // Two processes, each with eight goroutines, race one key: one wins.
 func TestTwoProcessesRaceOneKey(t *testing.T) {
 	addr := testsvc.Datastore(t)
-	ns := namespace()
-	start := time.Now().Add(2 * time.Second).UnixNano()
-	type result struct {
-		out []byte
-		err error
-	}
-	results := make(chan result, 2)
-	for range 2 {
-		go func() {
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(),
-				"DATASTORELOCK_HELPER=race", "DATASTORE_EMULATOR_HOST="+addr,
-				"HELPER_NS="+ns, fmt.Sprint("HELPER_START=", start))
-			out, err := cmd.CombinedOutput()
-			results <- result{out, err}
-		}()
-	}
-	won, held := 0, 0
-	for range 2 {
-		r := <-results
-		if r.err != nil {
-			t.Fatalf("helper: %v\n%s", r.err, r.out)
-		}
-		won += strings.Count(string(r.out), "won\n")
-		held += strings.Count(string(r.out), "held by other\n")
-	}
+	won, held := testsvc.RaceProcesses(t, "DATASTORE_EMULATOR_HOST="+addr, "HELPER_NS="+namespace())
 	if won != 1 || held != 15 {
 		t.Fatalf("won %d, held %d across 16 racers in 2 processes; want 1 and 15", won, held)
 	}
 }
 
-func runHelper(kind string) int {
-	if kind != "race" {
-		return 2
-	}
+// raceChild builds the backend a race child claims on.
+func raceChild() int {
 	b, err := datastorelock.New(context.Background(), project, datastorelock.WithNamespace(os.Getenv("HELPER_NS")))
 	if err != nil {
 		fmt.Println(err)
 		return 1
 	}
-	var startNs int64
-	fmt.Sscan(os.Getenv("HELPER_START"), &startNs)
-	time.Sleep(time.Until(time.Unix(0, startNs)))
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	for range 8 {
-		wg.Go(func() {
-			r, err := b.Claim(context.Background(), "contended", time.Minute)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				fmt.Println("error:", err)
-				return
-			}
-			fmt.Println(r.Outcome)
-		})
-	}
-	wg.Wait()
-	return 0
+	defer b.Close()
+	return testsvc.RaceChild(b)
 }

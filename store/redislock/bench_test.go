@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 )
 
@@ -77,7 +78,9 @@ func BenchmarkDelivery(b *testing.B) {
 				c.AddHook(rt)
 				be := newBackend(b, c)
 				ctx := context.Background()
+				prefix := fmt.Sprintf("%d:", time.Now().UnixNano()) // fresh keys each run
 				run := func(key string) error {
+					key = prefix + key
 					if kind == "lock" {
 						return idempotency.Lock(ctx, be, key, noop)
 					}
@@ -88,28 +91,7 @@ func BenchmarkDelivery(b *testing.B) {
 				}
 				run("warm-up")
 				rt.n.Store(0)
-				prefix := fmt.Sprintf("%d:", time.Now().UnixNano())
-				var seq atomic.Int64
-				start := time.Now()
-				if workers == 1 {
-					for i := 0; i < b.N; i++ {
-						if err := run(prefix + fmt.Sprint(i)); err != nil {
-							b.Fatal(err)
-						}
-					}
-				} else {
-					b.SetParallelism((workers + 1) / 2) // x GOMAXPROCS (2 here)
-					b.RunParallel(func(pb *testing.PB) {
-						for pb.Next() {
-							if err := run(prefix + fmt.Sprint(seq.Add(1))); err != nil {
-								b.Error(err)
-								return
-							}
-						}
-					})
-				}
-				el := time.Since(start)
-				b.ReportMetric(float64(b.N)/el.Seconds(), "deliveries/s")
+				bench.Deliveries(b, workers, run)
 				b.ReportMetric(float64(rt.n.Load())/float64(b.N), "round-trips/delivery")
 			})
 		}

@@ -19,9 +19,7 @@ package redislock
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -119,12 +117,6 @@ func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-func newToken() string {
-	var buf [12]byte
-	rand.Read(buf[:])
-	return hex.EncodeToString(buf[:])
-}
-
 // retryable reports whether err left a script's outcome unknown in a way a
 // resend may clear: a broken connection, not a reply from the server or
 // the caller's context ending.
@@ -153,7 +145,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err := store.ValidateLease(lease); err != nil {
 		return store.Result{}, err
 	}
-	token := newToken()
+	token := store.NewToken()
 	args := []any{millis(lease), millis(b.ttl), token}
 	var (
 		reply []int64

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,61 +210,6 @@ func TestZombieIsFencedOutWhenLeasePlusTTLOutlivesTheHolder(t *testing.T) {
 	}
 }
 
-// dropProxy forwards TCP to a Redis server and, when armed, swallows the
-// next reply and cuts the connection: the command ran, its answer is lost.
-type dropProxy struct {
-	ln      net.Listener
-	target  string
-	armed   atomic.Bool
-	dropped atomic.Int32
-}
-
-func newDropProxy(t *testing.T, target string) *dropProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &dropProxy{ln: ln, target: target}
-	go p.serve()
-	t.Cleanup(func() { ln.Close() })
-	return p
-}
-
-func (p *dropProxy) serve() {
-	for {
-		cc, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		sc, err := net.Dial("tcp", p.target)
-		if err != nil {
-			cc.Close()
-			continue
-		}
-		go func() { io.Copy(sc, cc); sc.Close() }()
-		go func() {
-			defer cc.Close()
-			defer sc.Close()
-			buf := make([]byte, 64<<10)
-			for {
-				n, err := sc.Read(buf)
-				if n > 0 {
-					if p.armed.CompareAndSwap(true, false) {
-						p.dropped.Add(1)
-						return
-					}
-					if _, werr := cc.Write(buf[:n]); werr != nil {
-						return
-					}
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
-}
-
 func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 	addr := testsvc.Redis(t)
 	for _, tc := range []struct {
@@ -278,8 +222,8 @@ func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 	} {
 		for _, path := range []string{"create", "reclaim"} {
 			t.Run(tc.name+"/"+path, func(t *testing.T) {
-				proxy := newDropProxy(t, addr)
-				c := client(t, proxy.ln.Addr().String(), func(o *redis.Options) { o.MaxRetries = tc.clientRetry })
+				proxy := testsvc.NewDropProxy(t, addr)
+				c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = tc.clientRetry })
 				b := newBackend(t, c, redislock.WithClaimRetries(tc.ours))
 				ctx := t.Context()
 				wantFence := int64(1)
@@ -294,10 +238,10 @@ func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 					t.Fatal(err)
 				}
 
-				proxy.armed.Store(true)
+				proxy.Armed.Store(true)
 				r, err := b.Claim(ctx, "k", time.Minute)
-				if proxy.dropped.Load() != 1 {
-					t.Fatalf("the proxy dropped %d replies, want 1", proxy.dropped.Load())
+				if proxy.Dropped.Load() != 1 {
+					t.Fatalf("the proxy dropped %d replies, want 1", proxy.Dropped.Load())
 				}
 				if err != nil || r.Outcome != store.Won || r.Claim.Fence != wantFence {
 					t.Fatalf("retried claim: %v fence %d err %v; want won, fence %d (re-affirmed, not bumped twice)",
@@ -318,12 +262,12 @@ func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 }
 
 func TestALostReplyWithNoRetryIsAnErrorNotHeldByOther(t *testing.T) {
-	proxy := newDropProxy(t, testsvc.Redis(t))
-	c := client(t, proxy.ln.Addr().String(), func(o *redis.Options) { o.MaxRetries = -1 })
+	proxy := testsvc.NewDropProxy(t, testsvc.Redis(t))
+	c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = -1 })
 	b := newBackend(t, c, redislock.WithClaimRetries(0))
 	ctx := t.Context()
 	b.Claim(ctx, "warm-up", time.Minute)
-	proxy.armed.Store(true)
+	proxy.Armed.Store(true)
 	r, err := b.Claim(ctx, "k", time.Minute)
 	if err == nil || !strings.Contains(err.Error(), "outcome unknown") {
 		t.Fatalf("claim whose reply was lost: %v %v; want an error saying the outcome is unknown", r.Outcome, err)

@@ -4,11 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
 )
 
 // BenchmarkDelivery measures deliveries per second through Lock on each
@@ -51,26 +51,7 @@ func BenchmarkDelivery(b *testing.B) {
 					}
 					run("warm-up")
 					c.n.Store(0)
-					var seq atomic.Int64
-					start := time.Now()
-					if workers == 1 {
-						for i := 0; i < b.N; i++ {
-							if err := run(fmt.Sprint(i)); err != nil {
-								b.Fatal(err)
-							}
-						}
-					} else {
-						b.SetParallelism(workers / 2)
-						b.RunParallel(func(pb *testing.PB) {
-							for pb.Next() {
-								if err := run(fmt.Sprint(seq.Add(1))); err != nil {
-									b.Error(err)
-									return
-								}
-							}
-						})
-					}
-					b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "deliveries/s")
+					bench.Deliveries(b, workers, run)
 					b.ReportMetric(float64(c.n.Load())/float64(b.N), "round-trips/delivery")
 				})
 			}

@@ -28,10 +28,8 @@ package sqllock
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -156,12 +154,6 @@ func firstLine(s string) string {
 }
 
 func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
-
-func newToken() string {
-	var buf [12]byte
-	rand.Read(buf[:])
-	return hex.EncodeToString(buf[:])
-}
 
 // transient reports whether a retry may clear err.
 func transient(err error) bool {
@@ -317,7 +309,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err := ctx.Err(); err != nil {
 		return store.Result{}, fmt.Errorf("sqllock: claim %q: %w", key, err)
 	}
-	token := newToken()
+	token := store.NewToken()
 	k := []byte(key)
 	var res store.Result
 	err := b.retry(ctx, func() error {

@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,8 +27,8 @@ func TestMain(m *testing.M) {
 	// The tests kill connections and servers on purpose; the driver's own
 	// log lines about it are noise.
 	mysql.SetLogger(log.New(io.Discard, "", 0))
-	if os.Getenv("SQLLOCK_HELPER") != "" {
-		os.Exit(raceHelper())
+	if testsvc.IsRaceChild() {
+		os.Exit(raceChild())
 	}
 	code := m.Run()
 	testsvc.StopAll()
@@ -181,29 +179,16 @@ func TestTwoProcessesRaceOneKey(t *testing.T) {
 		t.Run(e.name, func(t *testing.T) {
 			dsn := e.dsn(t)
 			b := e.backend(t, e.open(t, dsn, nil))
-			start := time.Now().Add(1500 * time.Millisecond).UnixNano()
-			outs := make(chan string, 2)
-			for range 2 {
-				go func() {
-					cmd := exec.Command(os.Args[0], "-test.run=^$")
-					cmd.Env = append(os.Environ(), "SQLLOCK_HELPER=race", "HELPER_ENGINE="+e.name, "HELPER_DSN="+dsn,
-						"HELPER_TABLE="+tableOf(b), fmt.Sprint("HELPER_START=", start))
-					out, err := cmd.CombinedOutput()
-					if err != nil {
-						out = append(out, []byte("helper failed: "+err.Error())...)
-					}
-					outs <- string(out)
-				}()
-			}
-			all := <-outs + <-outs
-			if w, h := strings.Count(all, "won\n"), strings.Count(all, "held by other\n"); w != 1 || h != 15 {
-				t.Fatalf("won %d, held %d across two processes; want 1 and 15:\n%s", w, h, all)
+			won, held := testsvc.RaceProcesses(t, "HELPER_ENGINE="+e.name, "HELPER_DSN="+dsn, "HELPER_TABLE="+tableOf(b))
+			if won != 1 || held != 15 {
+				t.Fatalf("won %d, held %d across two processes; want 1 and 15", won, held)
 			}
 		})
 	}
 }
 
-func raceHelper() int {
+// raceChild builds the backend a race child claims on.
+func raceChild() int {
 	var e engine
 	for _, x := range engines {
 		if x.name == os.Getenv("HELPER_ENGINE") {
@@ -217,30 +202,13 @@ func raceHelper() int {
 		fmt.Println(err)
 		return 1
 	}
-	var startNs int64
-	fmt.Sscan(os.Getenv("HELPER_START"), &startNs)
 	// Open the connections before the start line, so the race is the claims'.
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() { db.Ping() })
 	}
 	wg.Wait()
-	time.Sleep(time.Until(time.Unix(0, startNs)))
-	var mu sync.Mutex
-	for range 8 {
-		wg.Go(func() {
-			r, err := b.Claim(context.Background(), "contended", time.Minute)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				fmt.Println("error:", err)
-				return
-			}
-			fmt.Println(r.Outcome)
-		})
-	}
-	wg.Wait()
-	return 0
+	return testsvc.RaceChild(b)
 }
 
 func TestRoundTripsPerDelivery(t *testing.T) {
@@ -273,59 +241,6 @@ func TestRoundTripsPerDelivery(t *testing.T) {
 	}
 }
 
-// dropProxy forwards TCP and, when armed, swallows the server's next
-// reply and cuts the connection: the statement ran, its answer is lost.
-type dropProxy struct {
-	ln      net.Listener
-	target  string
-	armed   atomic.Bool
-	dropped atomic.Int32
-}
-
-func newDropProxy(t *testing.T, target string) *dropProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &dropProxy{ln: ln, target: target}
-	go func() {
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			sc, err := net.Dial("tcp", target)
-			if err != nil {
-				cc.Close()
-				continue
-			}
-			go func() { io.Copy(sc, cc); sc.Close() }()
-			go func() {
-				defer cc.Close()
-				defer sc.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := sc.Read(buf)
-					if n > 0 {
-						if p.armed.CompareAndSwap(true, false) {
-							p.dropped.Add(1)
-							return
-						}
-						if _, err := cc.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() { ln.Close() })
-	return p
-}
-
 // A connection cut after the server ran the claim but before the client
 // read the answer: the retry re-affirms the claim (same token, same fence),
 // and the row is the one claim, whole.
@@ -339,8 +254,8 @@ func TestConnectionKilledMidClaim(t *testing.T) {
 			} else {
 				host = dsn[strings.Index(dsn, "tcp(")+4 : strings.Index(dsn, ")")]
 			}
-			proxy := newDropProxy(t, host)
-			pdsn := strings.Replace(dsn, host, proxy.ln.Addr().String(), 1)
+			proxy := testsvc.NewDropProxy(t, host)
+			pdsn := strings.Replace(dsn, host, proxy.Addr(), 1)
 			db := e.open(t, pdsn, nil)
 			db.SetMaxOpenConns(1)
 			b := e.backend(t, db)
@@ -348,10 +263,10 @@ func TestConnectionKilledMidClaim(t *testing.T) {
 			if _, err := b.Claim(ctx, "warm-up", time.Minute); err != nil {
 				t.Fatal(err)
 			}
-			proxy.armed.Store(true)
+			proxy.Armed.Store(true)
 			r, err := b.Claim(ctx, "k", time.Minute)
-			if proxy.dropped.Load() != 1 {
-				t.Fatalf("dropped %d replies, want 1", proxy.dropped.Load())
+			if proxy.Dropped.Load() != 1 {
+				t.Fatalf("dropped %d replies, want 1", proxy.Dropped.Load())
 			}
 			if err != nil || r.Outcome != store.Won || r.Claim.Fence != 1 {
 				t.Fatalf("claim whose reply was lost: %v fence %d %v; want won, fence 1", r.Outcome, r.Claim.Fence, err)

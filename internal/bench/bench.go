@@ -1,0 +1,36 @@
+// Package bench runs the backends' delivery benchmarks the same way.
+package bench
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Deliveries calls run b.N times with distinct keys, from one goroutine or
+// from workers goroutines (b.SetParallelism over GOMAXPROCS), and reports
+// deliveries/s.
+func Deliveries(b *testing.B, workers int, run func(key string) error) {
+	b.Helper()
+	var seq atomic.Int64
+	start := time.Now()
+	if workers <= 1 {
+		for i := 0; i < b.N; i++ {
+			if err := run(fmt.Sprint(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	} else {
+		b.SetParallelism(max(1, workers/2))
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := run(fmt.Sprint(seq.Add(1))); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "deliveries/s")
+}
