@@ -27,15 +27,11 @@ func init() {
 		// On Cloud Run, log JSON that Cloud Logging reads severities from.
 		slog.SetDefault(slog.New(idempotency.NewLogHandler(os.Stderr, nil)))
 	}
-	lease, err := orders.Lease()
-	if err != nil {
-		log.Fatal(err)
-	}
-	backend, err := orders.Backend(context.Background())
+	backend, lease, err := orders.Setup(context.Background())
 	if err != nil {
 		// Fail the instance's start-up: serving without a guard would
 		// repeat side effects.
-		log.Fatalf("idempotency backend: %v", err)
+		log.Fatal(err)
 	}
 	functions.CloudEvent("HandleOrder",
 		idempotency.Idempotent(backend, orders.OrderOptions(lease)...)(orders.HandleOrder))

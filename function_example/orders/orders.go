@@ -34,6 +34,20 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
+// Setup reads the configuration and builds the backend: what both the
+// function and the Cloud Run service do at start-up.
+func Setup(ctx context.Context) (store.Backend, time.Duration, error) {
+	lease, err := Lease()
+	if err != nil {
+		return nil, 0, err
+	}
+	b, err := Backend(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("idempotency backend: %w", err)
+	}
+	return b, lease, nil
+}
+
 // Backend returns the Datastore backend when a project is configured, and
 // the in-memory store otherwise.
 func Backend(ctx context.Context) (store.Backend, error) {

@@ -440,8 +440,13 @@ func (b *Backend) unknown(key string, err error) error {
 // change applies f to the record of claim c with a versioned update. f sees
 // the current record and says what to write, or stops with a result. Only
 // the claim's fence entitles a change.
+//
+// When the claim carries the entity's version, the first round trusts the
+// claim's own view of the record and skips the lookup: if the record
+// changed since, the versioned update does not apply, and the next round
+// reads it.
 func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record) (next record, write bool)) (record, bool, error) {
-	cur := record{version: c.Rev}
+	cur := fromClaim(c, b.ttl)
 	known := c.Rev != 0
 	for range maxRounds {
 		if !known {
@@ -486,13 +491,9 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	blind := c.Rev != 0
 	var done bool
 	_, _, err := b.change(ctx, c, func(cur record) (record, bool) {
-		if blind {
-			blind = false
-			cur = fromClaim(c, b.ttl)
-		} else if cur.fence != c.Fence || cur.state == stateDone {
+		if cur.fence != c.Fence || cur.state == stateDone {
 			done = cur.fence == c.Fence
 			return cur, false
 		}
@@ -512,12 +513,8 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
-	blind := c.Rev != 0
 	_, _, err := b.change(ctx, c, func(cur record) (record, bool) {
-		if blind {
-			blind = false
-			cur = fromClaim(c, b.ttl)
-		} else if cur.fence != c.Fence || cur.state != stateClaimed {
+		if cur.fence != c.Fence || cur.state != stateClaimed {
 			return cur, false
 		}
 		now := b.clock()
@@ -539,12 +536,8 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
-	blind := c.Rev != 0
 	next, ok, err := b.change(ctx, c, func(cur record) (record, bool) {
-		if blind {
-			blind = false
-			cur = fromClaim(c, b.ttl)
-		} else if cur.fence != c.Fence || cur.state != stateClaimed {
+		if cur.fence != c.Fence || cur.state != stateClaimed {
 			return cur, false
 		}
 		cur.lease = b.clock().Add(lease)

@@ -23,13 +23,9 @@ import (
 
 func main() {
 	slog.SetDefault(slog.New(idempotency.NewLogHandler(os.Stderr, nil)))
-	lease, err := orders.Lease()
+	backend, lease, err := orders.Setup(context.Background())
 	if err != nil {
 		log.Fatal(err)
-	}
-	backend, err := orders.Backend(context.Background())
-	if err != nil {
-		log.Fatalf("idempotency backend: %v", err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/orders", idempotency.PushHandler(backend, orders.HandleOrder, orders.OrderOptions(lease)...))
