@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -54,9 +55,10 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 const DefaultSettleTimeout = 10 * time.Second
 
 type lockConfig struct {
-	lease  time.Duration
-	settle time.Duration
-	logger *slog.Logger
+	lease     time.Duration
+	settle    time.Duration
+	heartbeat time.Duration
+	logger    *slog.Logger
 }
 
 func (c *lockConfig) log() *slog.Logger {
@@ -72,6 +74,9 @@ func (c *lockConfig) validate() error {
 	}
 	if c.settle <= 0 {
 		return fmt.Errorf("idempotency: settle timeout %v is not positive", c.settle)
+	}
+	if c.heartbeat < 0 || (c.heartbeat > 0 && c.heartbeat >= c.lease) {
+		return fmt.Errorf("idempotency: heartbeat %v must be positive and shorter than the lease %v", c.heartbeat, c.lease)
 	}
 	return nil
 }
@@ -116,6 +121,25 @@ func WithLogger(l *slog.Logger) LockOption {
 // default is DefaultSettleTimeout.
 func WithSettleTimeout(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.settle = d })
+}
+
+// WithHeartbeat renews the lease every interval while the body runs, on
+// backends that implement store.Extender (all of this module's do), so
+// work that may outlast its lease keeps its claim instead of letting a
+// redelivery take the key and run the work a second time. Each renewal
+// extends the lease to a full lease from that moment. If a renewal finds
+// the claim lost (another delivery took the key), the body's context is
+// cancelled, with a cause wrapping store.ErrLost (see context.Cause). A
+// failed renewal for any other reason is logged and tried again at the
+// next tick. Renewals stop when the body returns or its context ends: a
+// body stuck past its request's deadline does not hold the key forever.
+//
+// interval must be shorter than the lease (a third of it leaves room for
+// two failed renewals); Lock and Mutex return an error, and Idempotent
+// panics, otherwise. The default is no heartbeat. On a backend without
+// Extend, the option is ignored with a warning.
+func WithHeartbeat(interval time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.heartbeat = interval })
 }
 
 type claimKey struct{}
@@ -205,23 +229,28 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	}
 	c := res.Claim
 	log := cfg.log()
-	if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) {
-		log.WarnContext(ctx, "idempotency: the request may outlive its lease; raise the lease above the request timeout",
+	if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) && cfg.heartbeat == 0 {
+		log.WarnContext(ctx, "idempotency: the request may outlive its lease; raise the lease above the request timeout, or use WithHeartbeat",
 			"key", key, "lease", cfg.lease, "deadline_in", time.Until(dl).Round(time.Second))
 	}
 
+	bodyCtx, cancelBody := context.WithCancelCause(ctx)
+	defer cancelBody(nil)
+	stopHeartbeat := heartbeat(bodyCtx, b, &c, cfg, cancelBody)
 	settled := false
 	defer func() {
 		if settled {
 			return
 		}
 		// fn panicked or called runtime.Goexit: give the key back at once.
+		stopHeartbeat()
 		if err := settle(ctx, cfg, func(ctx context.Context) error { return b.Release(ctx, c) }); err != nil {
 			log.ErrorContext(ctx, "idempotency: release after a panic failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
 	}()
-	ferr := fn(context.WithValue(ctx, claimKey{}, c))
+	ferr := fn(context.WithValue(bodyCtx, claimKey{}, c))
+	stopHeartbeat() // from here on c is the latest renewal's claim
 	settled = true
 
 	if ferr != nil || mutex {
@@ -246,6 +275,70 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
 	}
 	return nil
+}
+
+// heartbeat renews *c every cfg.heartbeat until the returned stop is
+// called (stop waits for the renewing goroutine, after which *c holds the
+// latest claim). A lost claim cancels the body through cancel.
+func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockConfig, cancel context.CancelCauseFunc) (stop func()) {
+	if cfg.heartbeat <= 0 {
+		return func() {}
+	}
+	ext, ok := b.(store.Extender)
+	if !ok {
+		cfg.log().WarnContext(ctx, "idempotency: WithHeartbeat ignored: the backend cannot renew leases (no store.Extender)",
+			"backend", fmt.Sprintf("%T", b))
+		return func() {}
+	}
+	var (
+		mu   sync.Mutex
+		cur  = *c
+		done = make(chan struct{})
+		wg   sync.WaitGroup
+	)
+	wg.Go(func() {
+		t := time.NewTicker(cfg.heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			mu.Lock()
+			claim := cur
+			mu.Unlock()
+			next, err := ext.Extend(ctx, claim, cfg.lease)
+			switch {
+			case err == nil:
+				mu.Lock()
+				cur = next
+				mu.Unlock()
+			case errors.Is(err, store.ErrLost):
+				cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
+					"key", claim.Key, "fence", claim.Fence, "error", err)
+				cancel(fmt.Errorf("idempotency: lease renewal: %w", err))
+				return
+			case ctx.Err() != nil:
+				return
+			default:
+				cfg.log().WarnContext(ctx, "idempotency: lease renewal failed; trying again at the next heartbeat",
+					"key", claim.Key, "fence", claim.Fence, "lease_expiry", claim.LeaseExpiry, "error", err)
+			}
+		}
+	})
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+			mu.Lock()
+			*c = cur
+			mu.Unlock()
+		})
+	}
 }
 
 // settle runs op on a context that keeps ctx's values but not its

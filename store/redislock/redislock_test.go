@@ -348,3 +348,28 @@ func TestKeysAreStoredVerbatimUnderThePrefix(t *testing.T) {
 }
 
 func slogDiscard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// WithHeartbeat keeps a claim alive on the server's clock while the work
+// runs five times longer than its lease.
+func TestHeartbeatHoldsTheKeyPastItsLease(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	ctx := t.Context()
+	err := idempotency.Lock(ctx, b, "long", func(ctx context.Context) error {
+		deadline := time.Now().Add(time.Second) // lease 200ms
+		for time.Now().Before(deadline) {
+			if r, err := b.Claim(ctx, "long", time.Minute); err != nil || r.Outcome != store.HeldByOther {
+				t.Errorf("another delivery during the work: %v %v, want held by other", r.Outcome, err)
+				return nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		return nil
+	}, idempotency.WithLease(200*time.Millisecond), idempotency.WithHeartbeat(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := b.Claim(ctx, "long", time.Minute); r.Outcome != store.AlreadyDone {
+		t.Fatalf("after the work: %v, want already done (fence kept, completed)", r.Outcome)
+	}
+}
