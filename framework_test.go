@@ -107,8 +107,15 @@ func fixture(t testing.TB, name string) (*http.Request, []byte) {
 // post sends the fixture to the framework and returns the status and body.
 func post(t testing.TB, name string) (int, string) {
 	t.Helper()
+	return postTo(t, serverURL, name)
+}
+
+// postTo sends the fixture to the server at base and returns the status
+// and body.
+func postTo(t testing.TB, base, name string) (int, string) {
+	t.Helper()
 	tmpl, body := fixture(t, name)
-	req, err := http.NewRequest(tmpl.Method, serverURL+tmpl.RequestURI, bytes.NewReader(body))
+	req, err := http.NewRequest(tmpl.Method, base+tmpl.RequestURI, bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package idempotency_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -19,18 +18,8 @@ import (
 // pushTo posts a fixture to a PushHandler server.
 func pushTo(t *testing.T, url, name string) int {
 	t.Helper()
-	tmpl, body := fixture(t, name)
-	req, err := http.NewRequest(tmpl.Method, url+tmpl.RequestURI, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header = tmpl.Header
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
+	code, _ := postTo(t, url, name)
+	return code
 }
 
 func TestPushHandlerAcceptsEveryShapeAndDeduplicates(t *testing.T) {

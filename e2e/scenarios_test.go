@@ -10,15 +10,22 @@ import (
 	"time"
 )
 
+// orderScenario sets up a scenario: a project of its own, a supplier, n
+// instances of target, and a topic "orders" with one push subscription.
+func orderScenario(t *testing.T, name, target string, n int, extraEnv ...string) (*pubsub, *supplier, *fleet) {
+	ps, sup := newPubSub(t, name), newSupplier(t)
+	f := startFleet(t, n, env(t, ps, sup, target, extraEnv...)...)
+	ps.topic(t, "orders")
+	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	return ps, sup, f
+}
+
 func order(id string) map[string]any {
 	return map[string]any{"order": map[string]any{"id": id, "qty": 1}}
 }
 
 func TestAckedMessageProcessesOnce(t *testing.T) {
-	ps, sup := newPubSub(t, "acked"), newSupplier(t)
-	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
-	ps.topic(t, "orders")
-	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps, sup, f := orderScenario(t, "acked", "HandleOrder", 2)
 	ps.publish(t, "orders", map[string]string{"po_id": "PO-1"}, order("PO-1"))
 	eventually(t, 30*time.Second, "the order at the supplier", func() bool { return sup.callsFor("orders:PO-1") == 1 })
 	f.drained(t, 3*time.Second, 30*time.Second)
@@ -42,10 +49,7 @@ func TestSameMessageOnTwoSubscriptionsProcessesOnce(t *testing.T) {
 }
 
 func TestConcurrentDuplicatesProcessOnce(t *testing.T) {
-	ps, sup := newPubSub(t, "concurrent"), newSupplier(t)
-	f := startFleet(t, 4, env(t, ps, sup, "HandleOrder")...)
-	ps.topic(t, "orders")
-	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps, sup, f := orderScenario(t, "concurrent", "HandleOrder", 4)
 	var wg sync.WaitGroup
 	for range 8 { // eight copies of one order at once, across four instances
 		wg.Go(func() { ps.publish(t, "orders", map[string]string{"po_id": "PO-3"}, order("PO-3")) })
@@ -59,11 +63,10 @@ func TestConcurrentDuplicatesProcessOnce(t *testing.T) {
 }
 
 func TestTransientFailureNacksRetriesAndSucceedsOnce(t *testing.T) {
-	ps, sup := newPubSub(t, "transient"), newSupplier(t)
+	ps, sup, f := orderScenario(t, "transient", "HandleOrder", 2)
+	sup.mu.Lock()
 	sup.failFirst["orders:PO-4"] = 2
-	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
-	ps.topic(t, "orders")
-	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	sup.mu.Unlock()
 	ps.publish(t, "orders", map[string]string{"po_id": "PO-4"}, order("PO-4"))
 	eventually(t, 60*time.Second, "the third attempt", func() bool { return f.statusCounts()[http.StatusOK] == 1 })
 	f.drained(t, 3*time.Second, 30*time.Second)
@@ -75,10 +78,7 @@ func TestTransientFailureNacksRetriesAndSucceedsOnce(t *testing.T) {
 }
 
 func TestBusinessRepublishIsCaughtByTheBusinessKey(t *testing.T) {
-	ps, sup := newPubSub(t, "republish"), newSupplier(t)
-	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
-	ps.topic(t, "orders")
-	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps, sup, f := orderScenario(t, "republish", "HandleOrder", 2)
 	a := ps.publish(t, "orders", map[string]string{"po_id": "PO-5"}, order("PO-5"))
 	eventually(t, 30*time.Second, "the first publish", func() bool { return sup.callsFor("orders:PO-5") == 1 })
 	b := ps.publish(t, "orders", map[string]string{"po_id": "PO-5"}, order("PO-5"))
@@ -93,10 +93,7 @@ func TestBusinessRepublishIsCaughtByTheBusinessKey(t *testing.T) {
 }
 
 func TestUnkeyedMessageFailsClosed(t *testing.T) {
-	ps, sup := newPubSub(t, "unkeyed"), newSupplier(t)
-	f := startFleet(t, 2, env(t, ps, sup, "HandleOrder")...)
-	ps.topic(t, "orders")
-	ps.subscribe(t, "orders-push", "orders", f.lb.URL)
+	ps, sup, f := orderScenario(t, "unkeyed", "HandleOrder", 2)
 	ps.publish(t, "orders", map[string]string{"source": "batch"}, order("PO-6"))
 	eventually(t, 30*time.Second, "three refusals", func() bool { return f.statusCounts()[http.StatusInternalServerError] >= 3 })
 	if distinct, calls := sup.orders(); distinct != 0 || calls != 0 {
