@@ -690,3 +690,47 @@ func PubSub(t testing.TB) string {
 	}
 	return pubsubAddr
 }
+
+// StartRedisCluster starts a three-master Redis Cluster of its own for t
+// and returns its nodes' addresses once the cluster reports ok.
+func StartRedisCluster(t testing.TB) []string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		Missing(t, "redis-server", redisHow)
+	}
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		Missing(t, "redis-cli", redisHow)
+	}
+	var addrs []string
+	for range 3 {
+		p, err := startRedis(bin, t.TempDir(), []string{"--cluster-enabled", "yes", "--cluster-node-timeout", "2000"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Kill)
+		addrs = append(addrs, p.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok := true
+		for _, a := range addrs {
+			host, port, _ := net.SplitHostPort(a)
+			out, _ := exec.Command(cli, "-h", host, "-p", port, "cluster", "info").Output()
+			ok = ok && strings.Contains(string(out), "cluster_state:ok")
+		}
+		if ok {
+			return addrs
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Redis Cluster did not reach cluster_state:ok within 30s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

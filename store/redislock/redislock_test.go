@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -371,5 +372,42 @@ func TestHeartbeatHoldsTheKeyPastItsLease(t *testing.T) {
 	}
 	if r, _ := b.Claim(ctx, "long", time.Minute); r.Outcome != store.AlreadyDone {
 		t.Fatalf("after the work: %v, want already done (fence kept, completed)", r.Outcome)
+	}
+}
+
+// The contract on a three-master Redis Cluster: one key per record, so
+// every script runs on the node that owns its key's slot.
+func TestContractOnACluster(t *testing.T) {
+	addrs := testsvc.StartRedisCluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { c.Close() })
+	// t.Run returns once every parallel case of the suite has finished.
+	t.Run("contract", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) storetest.Harness {
+			const ttl = time.Second
+			return storetest.Harness{
+				Backend: newBackend(t, c, redislock.WithTTL(ttl)),
+				TTL:     ttl,
+				Step:    100 * time.Millisecond,
+			}
+		})
+	})
+	// The suite's keys landed on every node, not one.
+	var mu sync.Mutex
+	perNode := map[string]int64{}
+	err := c.ForEachMaster(t.Context(), func(ctx context.Context, node *redis.Client) error {
+		n, err := node.DBSize(ctx).Result()
+		mu.Lock()
+		perNode[node.Options().Addr] = n
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, n := range perNode {
+		if n == 0 {
+			t.Errorf("node %s holds no records (%v): the keys did not spread", addr, perNode)
+		}
 	}
 }
