@@ -33,8 +33,8 @@ func TestContractRealTime(t *testing.T) {
 	}
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		return storetest.Harness{
-			Backend: fake.New(fake.WithTTL(500 * time.Millisecond)),
-			TTL:     500 * time.Millisecond,
+			Backend: fake.New(fake.WithTTL(time.Second)),
+			TTL:     time.Second,
 			Step:    20 * time.Millisecond,
 		}
 	})

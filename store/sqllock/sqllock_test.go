@@ -41,7 +41,7 @@ func TestContract(t *testing.T) {
 			dsn := e.dsn(t)
 			db := e.open(t, dsn, nil)
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
-				const ttl = time.Second
+				const ttl = 2 * time.Second
 				return storetest.Harness{Backend: e.backend(t, db, sqllock.WithTTL(ttl)), TTL: ttl, Step: 100 * time.Millisecond}
 			})
 		})
