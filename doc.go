@@ -20,6 +20,9 @@
 // leases, fencing tokens and a ttl; package fake has an in-memory one for
 // tests, and store/... has Datastore, Redis and SQL ones.
 //
+// Without the functions framework, PushHandler serves the same guard as a
+// plain http.Handler for raw push envelopes and CloudEvents.
+//
 // # What goes on the wire
 //
 // Idempotent maps each outcome to what its function returns, which the
@@ -36,7 +39,8 @@
 // # Invariants to size for
 //
 //  1. The lease must exceed the longest run of the guarded work; otherwise a
-//     redelivery may take the key over while the work still runs.
+//     redelivery may take the key over while the work still runs. Work of
+//     unbounded length can renew its lease with WithHeartbeat.
 //  2. Lease + ttl must exceed the longest life of a holder process (Cloud
 //     Run: the request timeout, at most 60 minutes), so that a record
 //     outlives every holder and fences keep rising instead of restarting.
