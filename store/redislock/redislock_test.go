@@ -61,14 +61,20 @@ func newBackend(t testing.TB, c redis.Scripter, opts ...redislock.Option) *redis
 func TestContract(t *testing.T) {
 	addr := testsvc.Redis(t)
 	c := client(t, addr)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
+	storetest.Run(t, harness(c))
+}
+
+// harness is the contract suite's factory over client c: a backend with a
+// prefix of its own per case, a short ttl, and waits on the server's clock.
+func harness(c redis.Scripter) func(t *testing.T) storetest.Harness {
+	return func(t *testing.T) storetest.Harness {
 		const ttl = 2 * time.Second
 		return storetest.Harness{
 			Backend: newBackend(t, c, redislock.WithTTL(ttl)),
 			TTL:     ttl,
 			Step:    100 * time.Millisecond,
 		}
-	})
+	}
 }
 
 func TestNewRefusesBadConfiguration(t *testing.T) {
@@ -382,16 +388,7 @@ func TestContractOnACluster(t *testing.T) {
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { c.Close() })
 	// t.Run returns once every parallel case of the suite has finished.
-	t.Run("contract", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) storetest.Harness {
-			const ttl = 2 * time.Second
-			return storetest.Harness{
-				Backend: newBackend(t, c, redislock.WithTTL(ttl)),
-				TTL:     ttl,
-				Step:    100 * time.Millisecond,
-			}
-		})
-	})
+	t.Run("contract", func(t *testing.T) { storetest.Run(t, harness(c)) })
 	// The suite's keys landed on every node, not one.
 	var mu sync.Mutex
 	perNode := map[string]int64{}
