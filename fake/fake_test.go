@@ -22,6 +22,7 @@ func TestContract(t *testing.T) {
 			Backend: fake.New(fake.WithClock(clock.Now)),
 			TTL:     store.DefaultTTL,
 			Advance: clock.Advance,
+			Now:     clock.Now,
 		}
 	})
 }

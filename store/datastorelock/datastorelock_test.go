@@ -88,7 +88,7 @@ func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
 		b, _ := newBackend(t, datastorelock.WithClock(clock.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance}
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now}
 	})
 }
 

@@ -117,6 +117,7 @@ func TestMutant(t *testing.T) {
 			Backend: &mutant{bug: bug, clock: clock, recs: map[string]*rec{}},
 			TTL:     time.Hour,
 			Advance: clock.Advance,
+			Now:     clock.Now,
 		}
 	})
 }

@@ -9,6 +9,7 @@
 //				Backend: fake.New(fake.WithClock(clock.Now)),
 //				TTL:     store.DefaultTTL,
 //				Advance: clock.Advance,
+//				Now:     clock.Now,
 //			}
 //		})
 //	}
@@ -51,6 +52,32 @@ type Harness struct {
 	// exceed the backend's clock granularity and the spread of its clocks.
 	// Defaults: one minute with Advance, 100ms without.
 	Step time.Duration
+
+	// Now reads the backend's clock, for the cases that relate the instants
+	// a backend reports to the time a call was made (the history check).
+	// It is required when Advance is set. Without Advance, nil means
+	// time.Now, right for a server on this machine.
+	Now func() time.Time
+
+	// Faults, when set, lets the suite break the path between Backend and
+	// its server, to check that every method is safe to retry after a lost
+	// reply or a cut connection. Cases that need it are skipped without it;
+	// every networked backend should provide it.
+	Faults Faults
+}
+
+// Faults breaks the path between a backend and its server. Both methods
+// must be safe to call from any goroutine while calls are in flight.
+type Faults interface {
+	// LoseNextReply arranges for the next reply the server sends to be lost
+	// after the server applied the request: the backend sees the connection
+	// fail or an unavailable error, and cannot know whether its write landed.
+	LoseNextReply()
+
+	// CutConnections closes every open connection between the backend and
+	// its server at once, as a crash of a network path would; calls in
+	// flight fail mid-way.
+	CutConnections()
 }
 
 type rule struct {
@@ -110,6 +137,12 @@ func newEnv(t *testing.T, h Harness) *env {
 	t.Helper()
 	if h.Backend == nil {
 		t.Fatal("storetest: Harness.Backend is nil")
+	}
+	if h.Advance != nil && h.Now == nil {
+		t.Fatal("storetest: Harness.Now is required when Advance is set")
+	}
+	if h.Now == nil {
+		h.Now = time.Now
 	}
 	if h.Step <= 0 {
 		h.Step = 100 * time.Millisecond
