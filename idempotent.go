@@ -97,16 +97,27 @@ func Disabled() bool {
 //	handler returned nil                   nil              200, ack
 //	duplicate (key done within the ttl)    nil              200, ack; handler not run
 //	key held by a live lease elsewhere     503 result       503, nack; one warning log
-//	handler returned or wrapped ErrInProgress  503 result   503, nack (e.g. an inner Mutex)
-//	handler returned an error              that error       500 (or its own status), nack
+//	handler's error wraps ErrInProgress    503 result       503, nack (e.g. an inner Mutex)
+//	handler returned any other error       that error       500 (or its own 4xx/5xx), nack
 //	no key (and no AllowUnguarded)         ErrNoKey         500, nack; handler not run
 //	malformed event data                   ErrMalformedEvent 500, nack; handler not run
 //	backend failed to claim                the wrapped error 500, nack; handler not run
 //
+// Only the guard's own outcomes ack. An error the handler returned is a
+// failure even when it wraps ErrDuplicate (say, a nested Lock on a sub-key
+// that is already done): the claim was released, so the delivery is
+// nacked, OnDuplicate is not called, and the redelivery runs the handler
+// again. A handler's error that carries a cloudevents HTTP result keeps
+// its status only when that status is a 4xx or 5xx; any other (a 1xx, 2xx
+// or 3xx, which the framework would write as an ack, or one outside
+// 101..599) is wrapped in a 500 result, as is an error that is a protocol
+// ACK receipt.
+//
 // The 503 is a cloudevents HTTP result (cehttp.NewResult) that wraps the
 // *InProgressError, so errors.Is(err, ErrInProgress) holds for it. The
 // warning carries the key, when the key frees, and the message's
-// deliveryAttempt when the subscription has a dead-letter policy.
+// deliveryAttempt when the subscription has a dead-letter policy; for a
+// handler's inner key it names both keys (key and message_key).
 //
 // If DisableEnv is set when Idempotent is called, it logs one warning and
 // returns the handler unchanged. Otherwise Idempotent panics, when it is
@@ -146,7 +157,7 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, e event.Event) error {
 	key, err := c.key(e)
 	if err != nil {
-		return fmt.Errorf("idempotency: event %q: resolving the key: %w", e.ID(), err)
+		return nackable(fmt.Errorf("idempotency: event %q: resolving the key: %w", e.ID(), err))
 	}
 	if key == "" {
 		if !c.unguarded {
@@ -154,9 +165,15 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 		c.lock.log().WarnContext(ctx, "idempotency: event has no key; running the handler unguarded (AllowUnguarded)",
 			"event_id", e.ID(), "event_type", e.Type())
-		return h(ctx, e)
+		if err := h(ctx, e); err != nil {
+			return nackable(err)
+		}
+		return nil
 	}
 	key = c.prefix + key
-	err = run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
-	return c.outcome(ctx, e, key, err)
+	ran, err := run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
+	if ran {
+		return c.bodyOutcome(ctx, e, key, err)
+	}
+	return c.ownOutcome(ctx, e, key, err)
 }

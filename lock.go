@@ -12,8 +12,46 @@ import (
 )
 
 // ErrDuplicate is returned by Lock when the key was already completed within
-// its ttl: the body did not run. A message handler should ack it.
+// its ttl: the body did not run. A message handler should ack it. The error
+// is a *DuplicateError, which names the key.
+//
+// errors.Is(err, ErrDuplicate) also holds for a body's error that wraps a
+// nested Lock's duplicate: that body ran and failed, and Lock released the
+// claim, so acking it would lose the message. Ack only Lock's own outcome:
+// see IsOwnDuplicate. Idempotent and PushHandler make that distinction
+// themselves.
 var ErrDuplicate = errors.New("idempotency: duplicate")
+
+// DuplicateError is the error Lock returns for a key completed within its
+// ttl. errors.Is(err, ErrDuplicate) reports true for it.
+type DuplicateError struct {
+	// Key is the completed key.
+	Key string
+	// Until is when duplicate suppression for the key ends; zero when the
+	// backend does not say.
+	Until time.Time
+}
+
+// Error names the key and, when known, when suppression ends.
+func (e *DuplicateError) Error() string {
+	if e.Until.IsZero() {
+		return fmt.Sprintf("idempotency: duplicate: key %q already completed", e.Key)
+	}
+	return fmt.Sprintf("idempotency: duplicate: key %q already completed (suppressed until %s)", e.Key, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+// Is reports whether target is ErrDuplicate.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+
+// IsOwnDuplicate reports whether err, returned by Lock(ctx, b, key, fn), is
+// that call's own duplicate outcome (key was already done, fn did not run),
+// as opposed to an error fn returned that wraps a nested Lock's duplicate
+// on another key. Only the former may be acked: after the latter, Lock
+// released key and the message must come back.
+func IsOwnDuplicate(err error, key string) bool {
+	var d *DuplicateError
+	return errors.As(err, &d) && d.Key == key
+}
 
 // ErrInProgress is returned by Lock and Mutex when another holder's lease on
 // the key is live (and by Mutex when the key was completed by Lock): the body
@@ -156,12 +194,14 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // Lock runs fn at most once per key: it claims key on b, runs fn, and marks
 // the key done when fn returns nil.
 //
-//   - Key completed within its ttl: fn does not run; Lock returns an error
-//     wrapping ErrDuplicate.
+//   - Key completed within its ttl: fn does not run; Lock returns a
+//     *DuplicateError (errors.Is ErrDuplicate).
 //   - Key held by a live lease elsewhere: fn does not run; Lock returns an
 //     *InProgressError (errors.Is ErrInProgress).
 //   - fn returns an error: the claim is released (the key can be claimed at
-//     once) and Lock returns fn's error unchanged.
+//     once) and Lock returns fn's error unchanged, even when it wraps
+//     ErrDuplicate or ErrInProgress (a nested Lock's outcome): test with
+//     IsOwnDuplicate, not errors.Is, before acking a duplicate.
 //   - fn panics: the claim is released and the panic continues.
 //   - fn returns nil: Lock completes the key and returns nil. If Complete
 //     fails, or the claim was fenced out because fn outran its lease and
@@ -177,7 +217,8 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 	for _, o := range opts {
 		o.applyLock(&cfg)
 	}
-	return run(ctx, b, key, fn, &cfg, false)
+	_, err := run(ctx, b, key, fn, &cfg, false)
+	return err
 }
 
 // Mutex runs fn with key held, so that no two calls for the same key run
@@ -198,34 +239,40 @@ func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Con
 	for _, o := range opts {
 		o.applyLock(&cfg)
 	}
-	return run(ctx, b, key, fn, &cfg, true)
+	_, err := run(ctx, b, key, fn, &cfg, true)
+	return err
 }
 
-func run(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, cfg *lockConfig, mutex bool) error {
+// run is the engine of Lock, Mutex and Idempotent. ran reports whether fn
+// was called: when it was, err is fn's own error (nil included), whatever
+// it wraps; when it was not, err is run's own outcome (a *DuplicateError,
+// an *InProgressError, or a failure to claim). The wrapper acks a
+// duplicate only when ran is false.
+func run(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, cfg *lockConfig, mutex bool) (ran bool, err error) {
 	if b == nil {
-		return errors.New("idempotency: nil backend")
+		return false, errors.New("idempotency: nil backend")
 	}
 	if fn == nil {
-		return errors.New("idempotency: nil body")
+		return false, errors.New("idempotency: nil body")
 	}
 	if err := cfg.validate(); err != nil {
-		return fmt.Errorf("idempotency: %w", err)
+		return false, fmt.Errorf("idempotency: %w", err)
 	}
 	res, err := b.Claim(ctx, key, cfg.lease)
 	if err != nil {
-		return fmt.Errorf("idempotency: claim %q: %w", key, err)
+		return false, fmt.Errorf("idempotency: claim %q: %w", key, err)
 	}
 	switch res.Outcome {
 	case store.Won:
 	case store.AlreadyDone:
 		if mutex {
-			return &InProgressError{Key: key, Until: res.Until, Done: true}
+			return false, &InProgressError{Key: key, Until: res.Until, Done: true}
 		}
-		return fmt.Errorf("%w: key %q already completed", ErrDuplicate, key)
+		return false, &DuplicateError{Key: key, Until: res.Until}
 	case store.HeldByOther:
-		return &InProgressError{Key: key, Until: res.Until}
+		return false, &InProgressError{Key: key, Until: res.Until}
 	default:
-		return fmt.Errorf("idempotency: claim %q: backend returned unknown outcome %v", key, res.Outcome)
+		return false, fmt.Errorf("idempotency: claim %q: backend returned unknown outcome %v", key, res.Outcome)
 	}
 	c := res.Claim
 	log := cfg.log()
@@ -258,7 +305,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
-		return ferr
+		return true, ferr
 	}
 
 	var done bool
@@ -274,7 +321,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		log.ErrorContext(ctx, "idempotency: the work ran but the claim was fenced out (the work outran its lease and another delivery took the key, which may repeat the work); acknowledging anyway; raise the lease",
 			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
 	}
-	return nil
+	return true, nil
 }
 
 // heartbeat renews *c every cfg.heartbeat until the returned stop is

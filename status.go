@@ -7,38 +7,106 @@ import (
 	"net/http"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/protocol"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 )
 
-// outcome maps the result of a guarded delivery to what the handler returns
-// to the functions framework, and so to the HTTP status Pub/Sub sees.
-func (c *config) outcome(ctx context.Context, e event.Event, key string, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, ErrDuplicate):
+// ownOutcome maps what the guard decided WITHOUT running the handler (run
+// reported ran == false) to what the function returns: the only path on
+// which a duplicate acks.
+func (c *config) ownOutcome(ctx context.Context, e event.Event, key string, err error) error {
+	switch own := err.(type) {
+	case *DuplicateError:
 		c.lock.log().InfoContext(ctx, "idempotency: duplicate delivery acknowledged; handler not run",
 			"key", key, "event_id", e.ID())
 		c.duplicate(ctx, key)
 		return nil
-	case errors.Is(err, ErrInProgress):
+	case *InProgressError:
 		attrs := []any{"key", key, "event_id", e.ID()}
-		var ip *InProgressError
-		if errors.As(err, &ip) && !ip.Until.IsZero() {
-			attrs = append(attrs, "until", ip.Until)
+		if !own.Until.IsZero() {
+			attrs = append(attrs, "until", own.Until)
 		}
-		if ev, perr := ParsePubSub(e); perr == nil {
-			if ev.DeliveryAttempt > 0 {
-				attrs = append(attrs, "delivery_attempt", ev.DeliveryAttempt)
-			}
-			if ev.Subscription != "" {
-				attrs = append(attrs, "subscription", ev.Subscription)
-			}
-		}
-		c.lock.log().WarnContext(ctx, "idempotency: key in progress elsewhere; nacking with 503 for a later retry", attrs...)
+		c.lock.log().WarnContext(ctx, "idempotency: key in progress elsewhere; nacking with 503 for a later retry",
+			append(attrs, deliveryAttrs(e)...)...)
 		return InProgressResult(err)
 	}
-	return err
+	return nackable(err)
+}
+
+// bodyOutcome maps what the handler returned (run reported ran == true).
+// The claim was completed if and only if err is nil; otherwise it was
+// released, and the delivery must be nacked whatever err wraps: a nested
+// Lock's ErrDuplicate is the handler failing, not this delivery being a
+// duplicate. A handler error wrapping ErrInProgress (an inner Lock or
+// Mutex found its key held) becomes a 503, which is still a nack, with a
+// warning naming the inner key.
+func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrInProgress) {
+		attrs := []any{"message_key", key, "event_id", e.ID()}
+		var ip *InProgressError
+		if errors.As(err, &ip) {
+			attrs = append(attrs, "key", ip.Key)
+			if !ip.Until.IsZero() {
+				attrs = append(attrs, "until", ip.Until)
+			}
+		}
+		c.lock.log().WarnContext(ctx, "idempotency: the handler found an inner key in progress elsewhere; released the message key, nacking with 503 for a later retry",
+			append(attrs, deliveryAttrs(e)...)...)
+		return InProgressResult(err)
+	}
+	return nackable(err)
+}
+
+// deliveryAttrs are the log attributes of e's Pub/Sub delivery, when known.
+func deliveryAttrs(e event.Event) []any {
+	var attrs []any
+	if ev, perr := ParsePubSub(e); perr == nil {
+		if ev.DeliveryAttempt > 0 {
+			attrs = append(attrs, "delivery_attempt", ev.DeliveryAttempt)
+		}
+		if ev.Subscription != "" {
+			attrs = append(attrs, "subscription", ev.Subscription)
+		}
+	}
+	return attrs
+}
+
+// nackable returns a failure as an error that goes on the wire with a
+// status Pub/Sub nacks (4xx or 5xx). err is returned unchanged when it
+// already does; otherwise it is wrapped in a 500 result (errors.Is still
+// sees through it), because the functions framework would write an ack:
+// it writes the status of the first *cehttp.Result in the chain when it is
+// within 101..599 (a 1xx becomes an implicit 200, and Pub/Sub counts 102,
+// 200, 201, 202 and 204 as acks), 200 for a status outside that range, and
+// 200 for an error that is a protocol ACK receipt.
+func nackable(err error) error {
+	if s := wireStatus(err); s >= 400 && s <= 599 {
+		return err
+	}
+	return cehttp.NewResult(http.StatusInternalServerError, "%w", err)
+}
+
+// wireStatus is the status the functions framework (cloudevents sdk-go
+// v2.16) writes for a function that returned err != nil; 0 for a nil
+// *cehttp.Result, on which it would panic.
+func wireStatus(err error) int {
+	var res *cehttp.Result
+	switch {
+	case errors.As(err, &res):
+		switch {
+		case res == nil:
+			return 0
+		case res.StatusCode > 100 && res.StatusCode < 600:
+			return res.StatusCode
+		}
+		return http.StatusOK
+	case protocol.IsACK(err):
+		return http.StatusOK
+	}
+	return http.StatusInternalServerError
 }
 
 // InProgressResult wraps err in a cloudevents HTTP result with status 503
