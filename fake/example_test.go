@@ -26,7 +26,7 @@ func ExampleStore() {
 	// Output:
 	// send
 	// done fence 1 until 1:00PM
-	// idempotency: duplicate: key "orders:PO-1" already completed
+	// idempotency: duplicate: key "orders:PO-1" already completed (suppressed until 2026-11-29T13:00:00Z)
 	// send
 	// <nil>
 }

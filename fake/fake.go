@@ -1,5 +1,7 @@
 // Package fake provides Store, an in-memory backend for unit tests and local
-// development, with an injectable clock and fault injection.
+// development, with an injectable clock and fault injection: calls that fail
+// without effect (FailNext), and calls whose reply is lost after they took
+// effect (LoseNextReply, CutConnections), as on a network.
 //
 // Store follows the store.Backend contract exactly (the storetest suite runs
 // against it), so a handler tested on it behaves the same on Datastore, Redis
@@ -9,9 +11,11 @@ package fake
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -42,6 +46,11 @@ func (o Op) String() string {
 	}
 	return "Op(" + strconv.Itoa(int(o)) + ")"
 }
+
+// ErrReplyLost is what a call returns when LoseNextReply or CutConnections
+// lost its reply. The call may have taken effect: the caller cannot know,
+// exactly as after a network failure.
+var ErrReplyLost = errors.New("fake: reply lost")
 
 // Record is a snapshot of one stored record, for assertions in tests.
 type Record struct {
@@ -79,6 +88,11 @@ type Store struct {
 	tokens int64
 	faults map[Op][]error
 	calls  map[Op]int
+	lose   bool
+
+	// cuts counts CutConnections calls; a call that sees it change while it
+	// runs fails.
+	cuts atomic.Int64
 }
 
 var (
@@ -128,6 +142,25 @@ func (s *Store) FailNext(op Op, err error) {
 	s.faults[op] = append(s.faults[op], err)
 }
 
+// LoseNextReply makes the next call of Claim, Complete, Release or Extend
+// take effect and then return an error wrapping ErrReplyLost instead of its
+// result, as when a network loses a reply after the server applied the
+// request. A caller that retries must find its own earlier effect. Together
+// with CutConnections it makes *Store a storetest.Faults.
+func (s *Store) LoseNextReply() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lose = true
+}
+
+// CutConnections fails every call in flight, as a cut network path would:
+// a call still waiting for the Store fails without effect, and a call that
+// is applying its change keeps the change but loses its reply (an error
+// wrapping ErrReplyLost). Later calls work.
+func (s *Store) CutConnections() {
+	s.cuts.Add(1)
+}
+
 // Calls returns how many times op was called, including failed calls.
 func (s *Store) Calls(op Op) int {
 	s.mu.Lock()
@@ -156,8 +189,9 @@ func (s *Store) Len() int {
 }
 
 // begin counts the call, checks ctx and pops an injected fault. It is
-// called with s.mu held.
-func (s *Store) begin(ctx context.Context, op Op) error {
+// called with s.mu held; cut is what s.cuts read before the call took the
+// lock.
+func (s *Store) begin(ctx context.Context, op Op, cut int64) error {
 	if s.calls == nil {
 		s.calls = make(map[Op]int)
 	}
@@ -168,6 +202,22 @@ func (s *Store) begin(ctx context.Context, op Op) error {
 	if q := s.faults[op]; len(q) > 0 {
 		s.faults[op] = q[1:]
 		return q[0]
+	}
+	if s.cuts.Load() != cut {
+		return fmt.Errorf("fake: %v: connection cut before the call arrived: %w", op, ErrReplyLost)
+	}
+	return nil
+}
+
+// reply reports whether the reply of a call that took effect is lost. It
+// is called with s.mu held.
+func (s *Store) reply(op Op, cut int64) error {
+	if s.lose {
+		s.lose = false
+		return fmt.Errorf("fake: %v: %w", op, ErrReplyLost)
+	}
+	if s.cuts.Load() != cut {
+		return fmt.Errorf("fake: %v: connection cut after the call took effect: %w", op, ErrReplyLost)
 	}
 	return nil
 }
@@ -180,11 +230,20 @@ func (s *Store) Claim(ctx context.Context, key string, lease time.Duration) (sto
 	if err := store.ValidateLease(lease); err != nil {
 		return store.Result{}, err
 	}
+	cut := s.cuts.Load()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.begin(ctx, OpClaim); err != nil {
+	if err := s.begin(ctx, OpClaim, cut); err != nil {
 		return store.Result{}, err
 	}
+	res := s.claim(key, lease)
+	if err := s.reply(OpClaim, cut); err != nil {
+		return store.Result{}, err
+	}
+	return res, nil
+}
+
+func (s *Store) claim(key string, lease time.Duration) store.Result {
 	now := s.clock()
 	r, ok := s.recs[key]
 	switch {
@@ -195,9 +254,9 @@ func (s *Store) Claim(ctx context.Context, key string, lease time.Duration) (sto
 		}
 		s.recs[key] = r
 	case r.State == store.Done && now.Before(r.ExpiresAt):
-		return store.Result{Outcome: store.AlreadyDone, Until: r.ExpiresAt}, nil
+		return store.Result{Outcome: store.AlreadyDone, Until: r.ExpiresAt}
 	case r.State == store.Claimed && now.Before(r.LeaseExpiry):
-		return store.Result{Outcome: store.HeldByOther, Until: r.LeaseExpiry}, nil
+		return store.Result{Outcome: store.HeldByOther, Until: r.LeaseExpiry}
 	}
 	s.tokens++
 	r.State = store.Claimed
@@ -208,7 +267,7 @@ func (s *Store) Claim(ctx context.Context, key string, lease time.Duration) (sto
 	return store.Result{
 		Outcome: store.Won,
 		Claim:   store.Claim{Key: key, Fence: r.Fence, Token: r.Token, LeaseExpiry: r.LeaseExpiry},
-	}, nil
+	}
 }
 
 // Complete implements store.Backend.
@@ -216,20 +275,29 @@ func (s *Store) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
+	cut := s.cuts.Load()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.begin(ctx, OpComplete); err != nil {
+	if err := s.begin(ctx, OpComplete, cut); err != nil {
 		return false, err
 	}
+	ok := s.complete(c)
+	if err := s.reply(OpComplete, cut); err != nil {
+		return false, err
+	}
+	return ok, nil
+}
+
+func (s *Store) complete(c store.Claim) bool {
 	r, ok := s.recs[c.Key]
 	if !ok || r.Fence != c.Fence {
-		return false, nil
+		return false
 	}
 	if r.State == store.Claimed {
 		r.State = store.Done
 		r.ExpiresAt = s.clock().Add(s.TTL())
 	}
-	return true, nil
+	return true
 }
 
 // Release implements store.Backend.
@@ -237,37 +305,47 @@ func (s *Store) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
+	cut := s.cuts.Load()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.begin(ctx, OpRelease); err != nil {
+	if err := s.begin(ctx, OpRelease, cut); err != nil {
 		return err
 	}
 	r, ok := s.recs[c.Key]
-	if !ok || r.State != store.Claimed || r.Fence != c.Fence {
-		return nil
+	if ok && r.State == store.Claimed && r.Fence == c.Fence {
+		r.Fence++
+		r.LeaseExpiry = s.clock()
+		r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
 	}
-	r.Fence++
-	r.LeaseExpiry = s.clock()
-	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
-	return nil
+	return s.reply(OpRelease, cut)
 }
 
 // Extend implements store.Extender.
 func (s *Store) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return c, err
+	}
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
+	cut := s.cuts.Load()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.begin(ctx, OpExtend); err != nil {
+	if err := s.begin(ctx, OpExtend, cut); err != nil {
 		return c, err
 	}
 	r, ok := s.recs[c.Key]
 	if !ok || r.State != store.Claimed || r.Fence != c.Fence {
+		if err := s.reply(OpExtend, cut); err != nil {
+			return c, err
+		}
 		return c, fmt.Errorf("fake: extend %q fence %d: %w", c.Key, c.Fence, store.ErrLost)
 	}
 	r.LeaseExpiry = s.clock().Add(lease)
 	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	if err := s.reply(OpExtend, cut); err != nil {
+		return c, err
+	}
 	c.LeaseExpiry = r.LeaseExpiry
 	return c, nil
 }

@@ -169,3 +169,19 @@ func TestPurgeHonoursTheLimit(t *testing.T) {
 		t.Fatalf("second PurgeExpired(2) = %d, want 1", n)
 	}
 }
+
+// Extend validates its key before anything else, as the port's MUST rule
+// asks of every method: a bad key is ErrInvalidKey, not ErrLost.
+func TestExtendRefusesAnInvalidKey(t *testing.T) {
+	s := fake.New()
+	ctx := context.Background()
+	for _, k := range []string{"", "nul\x00byte", strings.Repeat("x", store.MaxKeyLen+1)} {
+		_, err := s.Extend(ctx, store.Claim{Key: k, Fence: 1}, time.Minute)
+		if !errors.Is(err, store.ErrInvalidKey) {
+			t.Errorf("Extend(%.20q...): err = %v, want ErrInvalidKey", k, err)
+		}
+	}
+	if got := s.Calls(fake.OpExtend); got != 0 {
+		t.Errorf("Calls(OpExtend) = %d: an invalid key reached the store", got)
+	}
+}
