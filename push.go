@@ -32,12 +32,19 @@ const MaxPushBody = 16 << 20
 //
 //	handler returned nil, or duplicate       204 No Content   ack
 //	key held by a live lease elsewhere       503              nack, retried later
-//	handler returned a cloudevents HTTP      that status
-//	result (cehttp.NewResult)
+//	handler's error wraps ErrInProgress      503              nack, retried later
+//	handler's error carries a cloudevents    that status      nack
+//	HTTP result with a 4xx or 5xx status
+//	handler's error carries any other        500              nack
+//	status (1xx, 2xx, 3xx, out of range)
 //	handler or claim error                   500              nack, retried
-//	no key, malformed envelope or event      400              nack
+//	no key, malformed envelope or event,     400              nack
+//	key the port refuses (store.ErrInvalidKey)
 //	not a POST                               405
 //	body over MaxPushBody                    413
+//
+// Only the guard's own outcomes ack (see Idempotent): a handler's error
+// that wraps ErrDuplicate is a failure, answered 500.
 //
 // A raw envelope becomes a CloudEvent of type PubSubEventType whose id is
 // the messageId and whose data is the envelope itself, so ParsePubSub sees
@@ -67,9 +74,11 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 		case err == nil:
 			w.WriteHeader(http.StatusNoContent)
 			return
-		case errors.As(err, &res) && res.StatusCode > 100 && res.StatusCode < 600:
+		case errors.As(err, &res) && res != nil && res.StatusCode >= 400 && res.StatusCode <= 599:
+			// Only a nack status: Idempotent already turned any other
+			// status a failing handler carried into a 500.
 			status = res.StatusCode
-		case errors.Is(err, ErrNoKey), errors.Is(err, ErrMalformedEvent):
+		case errors.Is(err, ErrNoKey), errors.Is(err, ErrMalformedEvent), errors.Is(err, store.ErrInvalidKey):
 			status = http.StatusBadRequest
 		default:
 			status = http.StatusInternalServerError

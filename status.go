@@ -86,7 +86,27 @@ func nackable(err error) error {
 	if s := wireStatus(err); s >= 400 && s <= 599 {
 		return err
 	}
-	return cehttp.NewResult(http.StatusInternalServerError, "%w", err)
+	return &nackError{err: err}
+}
+
+// nackError is a failure whose own status would ack. To errors.As (which
+// the framework and PushHandler use to find a status) it is a 500
+// *cehttp.Result, found before anything it wraps; to errors.Is and
+// errors.As for any other target it is transparent, which a
+// cehttp.NewResult(500, "%w", err) would not be (a *cehttp.Result has no
+// Unwrap, and its Is compares only status codes with another result).
+type nackError struct{ err error }
+
+func (e *nackError) Error() string { return fmt.Sprint(e.err) }
+
+func (e *nackError) Unwrap() error { return e.err }
+
+func (e *nackError) As(target any) bool {
+	if r, ok := target.(**cehttp.Result); ok {
+		*r = &cehttp.Result{StatusCode: http.StatusInternalServerError, Format: "%w", Args: []any{e.err}}
+		return true
+	}
+	return false
 }
 
 // wireStatus is the status the functions framework (cloudevents sdk-go

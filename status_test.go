@@ -1,0 +1,129 @@
+package idempotency_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/protocol"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+)
+
+// pubsubAcks are the push response statuses Pub/Sub counts as an ack.
+var pubsubAcks = map[int]bool{102: true, 200: true, 201: true, 202: true, 204: true}
+
+// failure is one error a failing handler may return, and the status a
+// nack must carry for it on the wire.
+type failure struct {
+	name string
+	err  error
+	want int
+}
+
+func failures() []failure {
+	var out []failure
+	for _, s := range []int{0, 1, 100, 101, 102, 103, 200, 201, 202, 204, 206, 301, 302, 304, 399, 600, 999, -1} {
+		out = append(out, failure{fmt.Sprintf("result %d", s), cehttp.NewResult(s, "handler failed"), http.StatusInternalServerError})
+	}
+	for _, s := range []int{400, 404, 409, 429, 500, 502, 503, 599} {
+		out = append(out, failure{fmt.Sprintf("result %d", s), cehttp.NewResult(s, "handler failed"), s})
+	}
+	return append(out,
+		failure{"wrapped result 202", fmt.Errorf("charging: %w", cehttp.NewResult(202, "accepted")), http.StatusInternalServerError},
+		failure{"ACK receipt", protocol.ResultACK, http.StatusInternalServerError},
+		failure{"wrapped ACK receipt", fmt.Errorf("x: %w", protocol.NewReceipt(true, "fine")), http.StatusInternalServerError},
+		failure{"nil result", (*cehttp.Result)(nil), http.StatusInternalServerError},
+		failure{"plain error", errors.New("boom"), http.StatusInternalServerError},
+	)
+}
+
+// Defect 4: whatever status a failing handler's result carries, PushHandler
+// answers a nack (4xx/5xx), and the claim is released so the redelivery runs.
+func TestPushHandlerNeverAcksAFailingHandlersStatus(t *testing.T) {
+	for _, f := range failures() {
+		t.Run(f.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			srv := httptest.NewServer(idempotency.PushHandler(s,
+				func(context.Context, cloudevents.Event) error { return f.err }, idempotency.WithLogger(newDiscard())))
+			defer srv.Close()
+			code := pushTo(t, srv.URL, "push_raw")
+			if code != f.want || pubsubAcks[code] {
+				t.Fatalf("HTTP %d, want %d (a nack)", code, f.want)
+			}
+			assertReleased(t, s, fixtureID)
+		})
+	}
+}
+
+// The same through the real functions framework: Idempotent's return value
+// never makes the framework write an ack for a failed handler.
+func TestHTTPFailingHandlersStatusNeverAcks(t *testing.T) {
+	for _, f := range failures() {
+		t.Run(f.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			serve(t, idempotency.Idempotent(s, idempotency.WithLogger(newDiscard()))(
+				func(context.Context, cloudevents.Event) error { return f.err }))
+			code, body := post(t, "eventarc_binary")
+			if code != f.want || pubsubAcks[code] {
+				t.Fatalf("HTTP %d %q, want %d (a nack)", code, body, f.want)
+			}
+			if f.name != "nil result" && !errors.Is(returned(), f.err) {
+				t.Fatalf("returned %v, which hides the handler's error %v", returned(), f.err)
+			}
+			assertReleased(t, s, fixtureID)
+		})
+	}
+}
+
+// What the functions framework itself (v1.9.2 over cloudevents sdk-go
+// v2.16.2) writes for an UNGUARDED function's error: measured here so that
+// a framework upgrade that changes it is noticed. This is why Idempotent
+// rewrites a failure whose status would ack.
+func TestFrameworkWritesTheStatusOfAFunctionsResult(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"result 202 acks", cehttp.NewResult(202, "x"), 202},
+		{"result 204 acks", cehttp.NewResult(204, "x"), 204},
+		{"result 102 ends as 200", cehttp.NewResult(102, "x"), 200},
+		{"result 302 is written", cehttp.NewResult(302, "x"), 302},
+		{"result 0 is 200", cehttp.NewResult(0, "x"), 200},
+		{"result 600 is 200", cehttp.NewResult(600, "x"), 200},
+		{"ACK receipt is 200", protocol.ResultACK, 200},
+		{"plain error is 500", errors.New("x"), 500},
+		{"result 503", cehttp.NewResult(503, "x"), 503},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			serve(t, func(context.Context, cloudevents.Event) error { return c.err })
+			if code, body := post(t, "eventarc_binary"); code != c.want {
+				t.Fatalf("HTTP %d %q, measured %d before", code, body, c.want)
+			}
+		})
+	}
+}
+
+// A handler's error that wraps ErrInProgress is still a nack (503) even if
+// it also carries an ack status.
+func TestPushHandlerInnerContentionWithAnAckStatusStillNacks(t *testing.T) {
+	s, _ := newStore(t)
+	err := cehttp.NewResult(202, "%w", &idempotency.InProgressError{Key: "po:PO-1"})
+	srv := httptest.NewServer(idempotency.PushHandler(s,
+		func(context.Context, cloudevents.Event) error { return err }, idempotency.WithLogger(newDiscard())))
+	defer srv.Close()
+	if code := pushTo(t, srv.URL, "push_raw"); code != http.StatusServiceUnavailable {
+		t.Fatalf("HTTP %d, want 503", code)
+	}
+	if !strings.Contains(err.Error(), "po:PO-1") {
+		t.Fatal(err)
+	}
+}
