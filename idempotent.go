@@ -57,8 +57,33 @@ func WithKey(f KeyFunc) Option {
 // WithKeyPrefix puts prefix in front of every resolved key, so that several
 // handlers can share one backend without their keys meeting (for example
 // "orders:" and "refunds:").
+//
+// A prefix is a name followed by one colon, and the name holds no colon
+// ("orders:", "orders.refunds:", "orders-v2:"); Idempotent panics on any
+// other prefix. The rule makes prefixed keys injective: the prefix is
+// everything up to the first colon, so two handlers with different
+// prefixes can never compose the same key. Without it, "orders:" and
+// "orders:refunds:" would collide silently ("orders:" + "refunds:1" is
+// "orders:refunds:" + "1") and one handler's work would suppress the
+// other's. A handler with no prefix shares the key space with everyone:
+// give every handler on a shared backend its own prefix.
 func WithKeyPrefix(prefix string) Option {
 	return option(func(c *config) { c.prefix = prefix })
+}
+
+// validatePrefix checks the WithKeyPrefix rule: empty, or a non-empty name
+// without a colon, then one colon.
+func validatePrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	if err := store.ValidateKey(prefix); err != nil {
+		return err
+	}
+	if i := strings.IndexByte(prefix, ':'); i <= 0 || i != len(prefix)-1 {
+		return fmt.Errorf("prefix %q must be a name without a colon followed by one colon, such as \"orders:\" (prefixes that are prefixes of each other, like \"orders:\" and \"orders:refunds:\", would share keys)", prefix)
+	}
+	return nil
 }
 
 // AllowUnguarded makes Idempotent run the handler without a lock, with a
@@ -122,7 +147,7 @@ func Disabled() bool {
 // If DisableEnv is set when Idempotent is called, it logs one warning and
 // returns the handler unchanged. Otherwise Idempotent panics, when it is
 // called, on a nil backend, a non-positive lease or settle timeout, a nil
-// KeyFunc, or a prefix that is not a valid key part: these are mistakes in
+// KeyFunc, or a prefix that breaks the WithKeyPrefix rule: these are mistakes in
 // the program, found at start-up.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
 	cfg := newConfig(opts)
@@ -139,10 +164,8 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 	if cfg.key == nil {
 		panic("idempotency.Idempotent: nil KeyFunc")
 	}
-	if cfg.prefix != "" {
-		if err := store.ValidateKey(cfg.prefix); err != nil {
-			panic("idempotency.Idempotent: key prefix: " + err.Error())
-		}
+	if err := validatePrefix(cfg.prefix); err != nil {
+		panic("idempotency.Idempotent: key prefix: " + err.Error())
 	}
 	return func(h CloudEventFunc) CloudEventFunc {
 		if h == nil {
@@ -171,6 +194,11 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		return nil
 	}
 	key = c.prefix + key
+	if err := store.ValidateKey(key); err != nil {
+		// A custom KeyFunc's NUL byte, or a key that the prefix pushes past
+		// store.MaxKeyLen: refused before the backend sees it.
+		return fmt.Errorf("idempotency: event %q: key: %w", e.ID(), err)
+	}
 	ran, err := run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
 	if ran {
 		return c.bodyOutcome(ctx, e, key, err)
