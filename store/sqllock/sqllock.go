@@ -352,16 +352,20 @@ func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, t
 	if err != nil {
 		return store.Result{}, err
 	}
-	switch outcome {
-	case 1:
+	if outcome == 1 {
 		return won(fence, until, token), nil
-	case 2:
-		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until)}, nil
 	}
 	if until <= now {
-		// The snapshot showed a lapsed lease that a concurrent reclaim has
-		// since renewed: look again for the current holder's lease.
+		// The final read sees the statement's snapshot, taken before a
+		// concurrent reclaim committed: it shows a lapsed lease or an
+		// expired Done record that the conflict check found already
+		// reclaimed. Neither answer may be given from it (an expired Done
+		// record would be acked as a duplicate of work another caller now
+		// holds): look again, with a fresh snapshot.
 		return store.Result{}, errRace
+	}
+	if outcome == 2 {
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until)}, nil
 	}
 	return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(until)}, nil
 }

@@ -1,0 +1,90 @@
+package sqllock_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
+)
+
+// raceClaims sends n Claims on key at once and returns their results; an
+// error fails t.
+func raceClaims(t *testing.T, b *sqllock.Backend, key string, n int, lease time.Duration) []store.Result {
+	t.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	results := make([]store.Result, n)
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = b.Claim(t.Context(), key, lease)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("racer %d: %v", i, err)
+		}
+	}
+	return results
+}
+
+// Issue 9, defect 1: on PostgreSQL, a Claim that lost the race to reclaim an
+// expired Done key answered AlreadyDone (with an Until in the past) from its
+// statement's snapshot, taken before the winner committed. Lock turned that
+// into ErrDuplicate and the delivery was acked; had the winner's body failed,
+// the message was gone. Exactly one racer may win; the others are held.
+func TestRacingClaimsOnAnExpiredDoneKeyAdmitExactlyOne(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			const (
+				ttl    = 100 * time.Millisecond
+				racers = 16
+				rounds = 40
+			)
+			db := e.open(t, e.dsn(t), nil)
+			b := e.backend(t, db, sqllock.WithTTL(ttl))
+			ctx := t.Context()
+			bad := 0
+			for round := range rounds {
+				key := fmt.Sprint("expired-done-", round)
+				r, err := b.Claim(ctx, key, time.Minute)
+				if err != nil || r.Outcome != store.Won {
+					t.Fatalf("round %d: first claim: %v %v", round, r.Outcome, err)
+				}
+				if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
+					t.Fatalf("round %d: complete: %v %v", round, ok, err)
+				}
+				time.Sleep(ttl + 30*time.Millisecond)
+				before := time.Now()
+				var won, held int
+				var wrong []string
+				for _, res := range raceClaims(t, b, key, racers, time.Minute) {
+					switch res.Outcome {
+					case store.Won:
+						won++
+						if res.Claim.Fence != r.Claim.Fence+1 {
+							wrong = append(wrong, fmt.Sprintf("won with fence %d, want %d", res.Claim.Fence, r.Claim.Fence+1))
+						}
+					case store.HeldByOther:
+						held++
+					default:
+						wrong = append(wrong, fmt.Sprintf("%v until %v (%v before the race began)", res.Outcome, res.Until.Format(time.StampMilli), before.Sub(res.Until).Round(time.Millisecond)))
+					}
+				}
+				if won != 1 || held != racers-1 || len(wrong) > 0 {
+					bad++
+					t.Errorf("round %d: %d won, %d held (want 1 and %d); %v", round, won, held, racers-1, wrong)
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%d of %d rounds went wrong", bad, rounds)
+			}
+		})
+	}
+}
