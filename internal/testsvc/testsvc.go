@@ -9,6 +9,7 @@ package testsvc
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -427,22 +428,35 @@ func findPostgres() (initdb, postgres string, ok bool) {
 	return "", "", false
 }
 
-// PostgresReady answers whether a PostgreSQL server accepts TCP on addr.
+// PostgresReady answers whether a PostgreSQL server on addr accepts a
+// session for user postgres (trust authentication): a server still starting
+// up or recovering answers the startup message with an error.
 func PostgresReady(addr string) error {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	// An SSLRequest: a live server answers with one byte, 'S' or 'N'.
 	c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write([]byte{0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f}); err != nil {
+	// A StartupMessage, protocol 3.0: the server answers 'R' (an
+	// authentication request, or AuthenticationOk under trust) when it takes
+	// sessions, 'E' (for example 57P03, starting up) when not.
+	params := "user\x00postgres\x00database\x00postgres\x00\x00"
+	msg := binary.BigEndian.AppendUint32(nil, uint32(8+len(params)))
+	msg = binary.BigEndian.AppendUint32(msg, 3<<16)
+	msg = append(msg, params...)
+	if _, err := c.Write(msg); err != nil {
 		return err
 	}
-	b := make([]byte, 1)
-	if _, err := c.Read(b); err != nil {
+	b := make([]byte, 512)
+	n, err := c.Read(b)
+	if err != nil {
 		return err
 	}
+	if b[0] != 'R' {
+		return fmt.Errorf("startup answered %q", b[:n])
+	}
+	c.Write([]byte{'X', 0, 0, 0, 4}) // Terminate
 	return nil
 }
 
@@ -569,7 +583,9 @@ func StartMariaDB(t testing.TB) (*Process, string) {
 	return p, dsn
 }
 
-func startMariaDB(bin, dir string) (*Process, string, error) {
+// startMariaDB installs a data directory under dir and starts mariadbd on
+// it, with env (KEY=value) added to the server's environment.
+func startMariaDB(bin, dir string, env ...string) (*Process, string, error) {
 	install, err := exec.LookPath("mariadb-install-db")
 	if err != nil {
 		return nil, "", fmt.Errorf("mariadb-install-db: %w", err)
@@ -599,12 +615,41 @@ func startMariaDB(bin, dir string) (*Process, string, error) {
 	if user != "" {
 		srvArgs = append(srvArgs, "--user=root")
 	}
-	p, err := Start("mariadb", bin, dir, addr, srvArgs, MySQLReady)
-	if err != nil {
+	p := &Process{Name: "mariadb", Addr: addr, args: srvArgs, bin: bin, dir: dir}
+	if len(env) > 0 {
+		p.prepare = func(cmd *exec.Cmd) error {
+			cmd.Env = append(os.Environ(), env...)
+			return nil
+		}
+	}
+	if err := p.start(MySQLReady); err != nil {
 		return nil, "", err
 	}
+	mu.Lock()
+	running = append(running, p)
+	mu.Unlock()
 	// Create the test database over the wire once the server accepts.
 	return p, fmt.Sprintf("root@tcp(%s)/", addr), nil
+}
+
+// StartMariaDBInZone is StartMariaDB with the server's process in the time
+// zone zone (its TZ, for example "Europe/Berlin"): sessions on the default
+// time_zone SYSTEM then observe that zone's daylight-saving changes, as on a
+// self-managed server whose host has a local zone.
+func StartMariaDBInZone(t testing.TB, zone string) (*Process, string) {
+	t.Helper()
+	bin, err := exec.LookPath("mariadbd")
+	if err != nil {
+		if bin, err = exec.LookPath("/usr/sbin/mariadbd"); err != nil {
+			Missing(t, "mariadbd", mariadbHow)
+		}
+	}
+	p, dsn, err := startMariaDB(bin, t.TempDir(), "TZ="+zone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	return p, dsn
 }
 
 var (

@@ -135,7 +135,11 @@ WHERE idem_key = ?1 AND fence = ?2 AND state = 1 RETURNING lease_expiry_ms`,
 var MySQL = &Dialect{
 	name:  "mysql",
 	quote: func(s string) string { return "`" + s + "`" },
-	now:   `CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)`,
+	// UTC_TIMESTAMP is the session's instant as a UTC wall clock; the
+	// distance from the epoch's wall clock is taken without any time zone
+	// conversion. (UNIX_TIMESTAMP(NOW(3)) reads the wall clock back through
+	// the session time zone: an hour off in a repeated DST hour.)
+	now: `(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)`,
 	schema: []string{
 		`CREATE TABLE IF NOT EXISTS {T} (
 	idem_key        VARBINARY(1024) NOT NULL PRIMARY KEY,
