@@ -6,16 +6,20 @@
 -- ARGV[3]  claim token, unique per Claim call
 --
 -- Returns {outcome, fence, instant_ms}:
---   {1, fence, lease_expiry}  won (or re-affirmed: the record already holds
---                             this token, so an earlier try of this same
---                             call won and its reply was lost)
+--   {1, fence, lease_expiry}  won, or re-affirmed: the record is claimed
+--                             with this token, so an earlier attempt of this
+--                             same call won and its reply was lost; the lease
+--                             then runs from now (same fence), as a win now
+--                             would
 --   {2, fence, expires_at}    already done within the ttl
 --   {3, fence, lease_expiry}  held by another live lease
 --
 -- Hash fields: s = state ("c" claimed | "d" done), f = fence,
 -- l = lease expiry (ms), e = expires at (ms), t = token of the last winner.
--- Time is the server's (TIME), never a client's. The key is set to expire
--- (PEXPIREAT) at e, so Redis reaps it exactly when the contract allows.
+-- Instants: a lease is live while now < l and lapsed from now >= l; a done
+-- record suppresses while now < e and is reclaimable from now >= e. Time is
+-- the server's (TIME), never a client's. The key is set to expire
+-- (PEXPIREAT) at e; Redis deletes it only once now > e.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'l', 'e', 't')
@@ -23,7 +27,14 @@ local fence = 0
 if r[1] then
   fence = tonumber(r[2])
   if r[1] == 'c' and r[5] == ARGV[3] then
-    return {1, fence, tonumber(r[3])}
+    local lease = now + tonumber(ARGV[1])
+    if lease <= tonumber(r[3]) then
+      return {1, fence, tonumber(r[3])}
+    end
+    local expires = lease + tonumber(ARGV[2])
+    redis.call('HSET', KEYS[1], 'l', lease, 'e', expires)
+    redis.call('PEXPIREAT', KEYS[1], expires)
+    return {1, fence, lease}
   end
   if r[1] == 'd' and now < tonumber(r[4]) then
     return {2, fence, tonumber(r[4])}

@@ -22,7 +22,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -40,11 +42,20 @@ var (
 	//go:embed extend.lua
 	extendLua string
 
-	claimScript    = redis.NewScript(claimLua)
-	completeScript = redis.NewScript(completeLua)
-	releaseScript  = redis.NewScript(releaseLua)
-	extendScript   = redis.NewScript(extendLua)
+	claimScript    = newScript(claimLua)
+	completeScript = newScript(completeLua)
+	releaseScript  = newScript(releaseLua)
+	extendScript   = newScript(extendLua)
 )
+
+// script is a Lua script with its source, for the EVAL that follows a
+// NOSCRIPT reply.
+type script struct {
+	*redis.Script
+	src string
+}
+
+func newScript(src string) script { return script{redis.NewScript(src), src} }
 
 // DefaultPrefix is put in front of every key unless WithPrefix says
 // otherwise.
@@ -65,10 +76,21 @@ func WithTTL(ttl time.Duration) Option {
 	return func(b *Backend) { b.ttl = ttl }
 }
 
-// WithClaimRetries sets how many more times Claim sends its script, with
-// the same claim token, after a network error left the outcome unknown.
-// Default 2. go-redis may also retry on its own (its MaxRetries); both are
-// safe, because a retry that finds its own token re-affirms the claim.
+// WithClaimRetries sets how many more times each operation (Claim,
+// Complete, Release, Extend) sends its script, with the same arguments, after
+// a network error left the outcome unknown. Default 2.
+//
+// The backend resends, not go-redis: it tells go-redis not to resend its
+// scripts (the command's NoRetry), whatever the client's MaxRetries, because
+// only the backend knows that an attempt is a resend and what the reply to a
+// resend can prove. A resent Claim answers Won only when it finds its own
+// token in the record (the lost attempt won) or wins the key afresh; when it
+// finds the key held by another or done, it cannot tell whether its lost
+// attempt won the key before the key moved on, and returns an error. A
+// resent Complete that finds the record no longer its own returns an error
+// for the same reason. Clients that do not implement Process (none of
+// go-redis's) run the scripts through redis.Script.Run, and go-redis may
+// resend them unseen.
 func WithClaimRetries(n int) Option {
 	return func(b *Backend) { b.retries = n }
 }
@@ -79,6 +101,7 @@ type Backend struct {
 	prefix  string
 	ttl     time.Duration
 	retries int
+	backoff time.Duration // the first retry's wait; the n-th waits n times as long
 }
 
 var (
@@ -91,7 +114,7 @@ var (
 // on a nil client, a non-positive ttl, or a prefix longer than
 // store.MaxKeyLen.
 func New(client redis.Scripter, opts ...Option) (*Backend, error) {
-	b := &Backend{client: client, prefix: DefaultPrefix, ttl: store.DefaultTTL, retries: 2}
+	b := &Backend{client: client, prefix: DefaultPrefix, ttl: store.DefaultTTL, retries: 2, backoff: 20 * time.Millisecond}
 	for _, o := range opts {
 		o(b)
 	}
@@ -118,23 +141,108 @@ func millis(d time.Duration) int64 {
 }
 
 // retryable reports whether err left a script's outcome unknown in a way a
-// resend may clear: a broken connection, not a reply from the server or
-// the caller's context ending.
+// resend may clear: a broken connection, or a server reply that refused the
+// command before it ran; not any other reply, nor the caller's context
+// ending.
 func retryable(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
-		msg := rerr.Error()
-		for _, p := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"} {
-			if len(msg) >= len(p) && msg[:len(p)] == p {
-				return true
-			}
-		}
-		return false
+		return refused(rerr)
 	}
 	return true
+}
+
+// refused reports whether a server's error reply says the command was
+// turned away before it ran.
+func refused(err redis.Error) bool {
+	msg := err.Error()
+	for _, p := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// mayHaveRun reports whether a failed attempt may have run its script:
+// anything but a reply from the server (our scripts raise no error after a
+// write) or a failure to connect.
+func mayHaveRun(err error) bool {
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return !errors.Is(err, redis.ErrPoolTimeout)
+}
+
+// processor is the method of every go-redis client (Client, ClusterClient,
+// Ring, failover clients) that runs a command built by hand.
+type processor interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+}
+
+// onceCmd is a script command that go-redis must not resend on its own
+// after a network error: whether to resend, and what the reply to a resend
+// proves, is the backend's to decide.
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to resend the command.
+func (onceCmd) NoRetry() bool { return true }
+
+// eval sends s once on key: EVALSHA, then EVAL when the server does not
+// have the script.
+func (b *Backend) eval(ctx context.Context, s script, key string, args []any) *redis.Cmd {
+	p, ok := b.client.(processor)
+	if !ok {
+		return s.Run(ctx, b.client, []string{key}, args...)
+	}
+	cmd := send(ctx, p, "evalsha", s.Hash(), key, args)
+	if err := cmd.Err(); errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd = send(ctx, p, "eval", s.src, key, args)
+	}
+	return cmd
+}
+
+func send(ctx context.Context, p processor, name, payload, key string, args []any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, append([]any{name, payload, 1, key}, args...)...)
+	cmd.SetFirstKeyPos(3)
+	_ = p.Process(ctx, onceCmd{cmd})
+	return cmd
+}
+
+// run sends s on key until an attempt gets the script's reply, at most
+// 1 + b.retries times. lost is the error of the first attempt that may have
+// run the script without its reply reaching us: when it is set, the reply
+// of a later attempt comes from a resend, which may find the effect of the
+// lost one. err is the last attempt's error when none got a reply.
+func (b *Backend) run(ctx context.Context, s script, key string, args ...any) (reply *redis.Cmd, lost, err error) {
+	for attempt := 0; ; attempt++ {
+		cmd := b.eval(ctx, s, b.prefix+key, args)
+		err = cmd.Err()
+		if err == nil {
+			return cmd, lost, nil
+		}
+		if lost == nil && mayHaveRun(err) {
+			lost = err
+		}
+		if attempt >= b.retries || !retryable(ctx, err) {
+			if lost != nil && lost != err {
+				err = fmt.Errorf("%w (after %w)", err, lost)
+			}
+			return nil, lost, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt+1) * b.backoff):
+		}
+	}
 }
 
 // Claim implements store.Backend.
@@ -146,37 +254,33 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		return store.Result{}, err
 	}
 	token := store.NewToken()
-	args := []any{millis(lease), millis(b.ttl), token}
-	var (
-		reply []int64
-		err   error
-	)
-	for attempt := 0; ; attempt++ {
-		reply, err = claimScript.Run(ctx, b.client, []string{b.prefix + key}, args...).Int64Slice()
-		if err == nil || attempt >= b.retries || !retryable(ctx, err) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(attempt+1) * 20 * time.Millisecond):
-		}
-	}
+	cmd, lost, err := b.run(ctx, claimScript, key, millis(lease), millis(b.ttl), token)
 	if err != nil {
 		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
 	}
-	if len(reply) != 3 {
-		return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected reply %v", key, reply)
+	reply, err := cmd.Int64Slice()
+	if err != nil || len(reply) != 3 {
+		return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected reply %v (%v)", key, cmd.Val(), err)
 	}
 	at := time.UnixMilli(reply[2])
+	var res store.Result
 	switch reply[0] {
 	case 1:
 		return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: reply[1], Token: token, LeaseExpiry: at}}, nil
 	case 2:
-		return store.Result{Outcome: store.AlreadyDone, Until: at}, nil
+		res = store.Result{Outcome: store.AlreadyDone, Until: at}
 	case 3:
-		return store.Result{Outcome: store.HeldByOther, Until: at}, nil
+		res = store.Result{Outcome: store.HeldByOther, Until: at}
+	default:
+		return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected outcome %d", key, reply[0])
 	}
-	return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected outcome %d", key, reply[0])
+	if lost != nil {
+		// The lost attempt may have won the key, and the key may have moved
+		// on since (its lease lapsed and another caller reclaimed or
+		// completed it). Not won would be a guess.
+		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: an attempt whose reply was lost may have won the key, which is now %v): %w", key, res.Outcome, lost)
+	}
+	return res, nil
 }
 
 // Complete implements store.Backend.
@@ -184,11 +288,23 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	n, err := completeScript.Run(ctx, b.client, []string{b.prefix + c.Key}, c.Fence, millis(b.ttl)).Int64()
+	cmd, lost, err := b.run(ctx, completeScript, c.Key, c.Fence, millis(b.ttl), c.Token)
 	if err != nil {
 		return false, fmt.Errorf("redislock: complete %q fence %d: %w", c.Key, c.Fence, err)
 	}
-	return n == 1, nil
+	n, err := cmd.Int64()
+	if err != nil {
+		return false, fmt.Errorf("redislock: complete %q fence %d: unexpected reply: %w", c.Key, c.Fence, err)
+	}
+	if n == 1 {
+		return true, nil
+	}
+	if lost != nil {
+		// The record is not done with this claim now, but the lost attempt
+		// may have completed it before it expired or was reclaimed.
+		return false, fmt.Errorf("redislock: complete %q fence %d (outcome unknown: an attempt whose reply was lost may have completed the key, whose record has moved on): %w", c.Key, c.Fence, lost)
+	}
+	return false, nil
 }
 
 // Release implements store.Backend.
@@ -196,7 +312,9 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
-	if err := releaseScript.Run(ctx, b.client, []string{b.prefix + c.Key}, c.Fence, millis(b.ttl)).Err(); err != nil {
+	// A resend that finds nothing to release is fine: either the lost
+	// attempt released the claim, or the claim was no longer current.
+	if _, _, err := b.run(ctx, releaseScript, c.Key, c.Fence, millis(b.ttl), c.Token); err != nil {
 		return fmt.Errorf("redislock: release %q fence %d: %w", c.Key, c.Fence, err)
 	}
 	return nil
@@ -210,9 +328,16 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
-	ms, err := extendScript.Run(ctx, b.client, []string{b.prefix + c.Key}, c.Fence, millis(lease), millis(b.ttl)).Int64()
+	// A resend that finds the claim gone reports it lost, which it is by
+	// then whatever the lost attempt did: nobody could take the key from a
+	// current claim before its (possibly renewed) lease lapsed.
+	cmd, _, err := b.run(ctx, extendScript, c.Key, c.Fence, millis(lease), millis(b.ttl), c.Token)
 	if err != nil {
 		return c, fmt.Errorf("redislock: extend %q fence %d: %w", c.Key, c.Fence, err)
+	}
+	ms, err := cmd.Int64()
+	if err != nil {
+		return c, fmt.Errorf("redislock: extend %q fence %d: unexpected reply: %w", c.Key, c.Fence, err)
 	}
 	if ms == 0 {
 		return c, fmt.Errorf("redislock: extend %q fence %d: %w", c.Key, c.Fence, store.ErrLost)

@@ -225,7 +225,9 @@ func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 		ours        int
 	}{
 		{"backend retries", -1, 2},
-		{"driver retries", 3, 0},
+		// go-redis's own retries stay off for the scripts (see
+		// TestGoRedisNeverResendsAScript): the backend resends.
+		{"backend retries, client MaxRetries 3", 3, 2},
 	} {
 		for _, path := range []string{"create", "reclaim"} {
 			t.Run(tc.name+"/"+path, func(t *testing.T) {
@@ -264,6 +266,66 @@ func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 					t.Fatalf("complete of the re-affirmed claim: %v %v", ok, err)
 				}
 			})
+		}
+	}
+}
+
+// go-redis resends a command after a network error (MaxRetries), without
+// the backend knowing that the reply it then gets is a resend's. The
+// backend turns that off for its scripts: with its own resends off, a lost
+// reply is an error after exactly one run of the script, whatever the
+// client's MaxRetries.
+func TestGoRedisNeverResendsAScript(t *testing.T) {
+	srv := testsvc.StartRedis(t)
+	proxy := testsvc.NewDropProxy(t, srv.Addr)
+	c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = 5 })
+	b := newBackend(t, c, redislock.WithClaimRetries(0))
+	ctx := t.Context()
+	direct := client(t, srv.Addr)
+	scripts := func() int64 {
+		info, err := direct.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, line := range strings.Split(info, "\n") {
+			for _, name := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+				if rest, ok := strings.CutPrefix(line, name); ok {
+					var calls int64
+					fmt.Sscanf(rest, "%d", &calls)
+					n += calls
+				}
+			}
+		}
+		return n
+	}
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Load every script, so that the reply lost is the script's, not a
+	// NOSCRIPT.
+	b.Extend(ctx, r.Claim, time.Minute)
+	b.Release(ctx, store.Claim{Key: "k", Fence: 99})
+	b.Complete(ctx, store.Claim{Key: "k", Fence: 99})
+	for _, op := range []struct {
+		name string
+		call func() error
+	}{
+		{"claim", func() error { _, err := b.Claim(ctx, "k2", time.Minute); return err }},
+		{"extend", func() error { _, err := b.Extend(ctx, r.Claim, time.Minute); return err }},
+		{"complete", func() error { _, err := b.Complete(ctx, r.Claim); return err }},
+		{"release", func() error { return b.Release(ctx, r.Claim) }},
+	} {
+		before := scripts()
+		c.Ping(ctx) // a pooled connection, so the reply lost is the script's, not a handshake's
+		proxy.Armed.Store(true)
+		err := op.call()
+		if ran := scripts() - before; ran != 1 {
+			t.Errorf("%s: the script ran %d times, want 1 (no resend by go-redis)", op.name, ran)
+		}
+		if err == nil {
+			t.Errorf("%s: no error after a lost reply and no resend", op.name)
 		}
 	}
 }
