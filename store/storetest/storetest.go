@@ -26,6 +26,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,6 +118,16 @@ var rules = []rule{
 	{"mutex_cycle_reclaims_forever_without_ever_completing", mutexCycle},
 	{"racing_claims_on_a_fresh_key_admit_exactly_one", raceFresh},
 	{"racing_reclaims_on_a_lapsed_key_admit_exactly_one", raceLapsed},
+	{"racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held", raceExpiredDone},
+	{"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held", leaseInstant},
+	{"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl", ttlInstant},
+	{"a_claimed_record_outlives_its_lease_by_the_ttl", claimedOutlivesLease},
+	{"a_released_record_outlives_the_release_by_the_ttl", releasedOutlives},
+	{"an_extended_record_outlives_its_new_lease_by_the_ttl", extendedOutlives},
+	{"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done", lostClaim},
+	{"a_complete_whose_reply_was_lost_is_safe_to_retry", lostComplete},
+	{"a_release_whose_reply_was_lost_is_safe_to_retry", lostRelease},
+	{"calls_cut_mid_flight_win_nothing_twice_and_converge", cutMidCall},
 	{"keys_are_stored_verbatim_and_kept_apart", keysVerbatim},
 	{"invalid_keys_are_refused", invalidKeys},
 	{"non_positive_leases_are_refused", invalidLease},
@@ -192,11 +203,78 @@ func (e *env) pass(d time.Duration) {
 
 func (e *env) claim(key string, lease time.Duration) store.Result {
 	e.t.Helper()
+	before := e.h.Now()
 	r, err := e.h.Backend.Claim(e.ctx, key, lease)
+	after := e.h.Now()
 	if err != nil {
 		e.t.Fatalf("Claim(%q, %v): %v", key, lease, err)
 	}
+	if r.Outcome == store.Won {
+		// The new lease runs for lease from the backend's now, which lies
+		// within the call.
+		e.within("Claim.LeaseExpiry", r.Claim.LeaseExpiry, before.Add(lease), after.Add(lease))
+	}
 	return r
+}
+
+// tolerance absorbs backends that keep milliseconds.
+const tolerance = 2 * time.Millisecond
+
+// within fails the case unless instant got lies in [lo, hi], give or take
+// the tolerance.
+func (e *env) within(what string, got, lo, hi time.Time) {
+	e.t.Helper()
+	if got.Before(lo.Add(-tolerance)) || got.After(hi.Add(tolerance)) {
+		e.t.Fatalf("%s = %v, want within [%v, %v]", what, got, lo, hi)
+	}
+}
+
+// justBefore moves the backend's clock to just before instant: exactly one
+// nanosecond before with Advance, one Step before in real time. In real time
+// it reports false when that moment has already gone by (a loaded machine),
+// and the caller skips the check it meant to place there.
+func (e *env) justBefore(instant time.Time) bool {
+	e.t.Helper()
+	if e.h.Advance != nil {
+		e.moveTo(instant.Add(-time.Nanosecond))
+		return true
+	}
+	d := time.Until(instant.Add(-e.h.Step))
+	if d < 0 {
+		e.t.Logf("real time already passed %v minus a Step; check skipped", instant)
+		return false
+	}
+	time.Sleep(d)
+	return true
+}
+
+// at moves the backend's clock to instant exactly with Advance, and one
+// Step past it in real time.
+func (e *env) at(instant time.Time) {
+	e.t.Helper()
+	if e.h.Advance != nil {
+		e.moveTo(instant)
+		return
+	}
+	time.Sleep(time.Until(instant.Add(e.h.Step)))
+}
+
+func (e *env) moveTo(instant time.Time) {
+	e.t.Helper()
+	d := instant.Sub(e.h.Now())
+	if d < 0 {
+		e.t.Fatalf("storetest: the clock is already %v past %v", -d, instant)
+	}
+	e.h.Advance(d)
+}
+
+// faults returns the Harness's Faults, or skips the case without them.
+func (e *env) faults() Faults {
+	e.t.Helper()
+	if e.h.Faults == nil {
+		e.t.Skip("Harness.Faults is nil: retry safety after lost replies and cut connections is not checked; every networked backend should provide it")
+	}
+	return e.h.Faults
 }
 
 func (e *env) won(key string, lease time.Duration) store.Claim {
@@ -235,6 +313,15 @@ func (e *env) complete(c store.Claim, want bool) {
 	if ok != want {
 		e.t.Fatalf("Complete(%q, fence %d) = %v, want %v", c.Key, c.Fence, ok, want)
 	}
+}
+
+// completeWindow completes c, which must succeed, and returns the window
+// of the backend's clock in which it took effect.
+func (e *env) completeWindow(c store.Claim) (before, after time.Time) {
+	e.t.Helper()
+	before = e.h.Now()
+	e.complete(c, true)
+	return before, e.h.Now()
 }
 
 func (e *env) release(c store.Claim) {
@@ -292,11 +379,13 @@ func completeCurrent(t *testing.T, e *env) {
 func claimDoneWithinTTL(t *testing.T, e *env) {
 	k := e.key()
 	c := e.won(k, e.long())
-	e.complete(c, true)
+	e.pass(e.short())
+	before, after := e.completeWindow(c)
 	e.pass(e.h.TTL / 2)
 	r := e.expect(k, store.AlreadyDone)
-	if !r.Until.IsZero() && !r.Until.After(c.LeaseExpiry.Add(-e.long())) {
-		t.Errorf("AlreadyDone.Until = %v is not after the claim", r.Until)
+	if !r.Until.IsZero() {
+		// Suppression ends at completion + ttl.
+		e.within("AlreadyDone.Until", r.Until, before.Add(e.h.TTL), after.Add(e.h.TTL))
 	}
 	// A mutex-style claim with a short lease is refused as well.
 	if r := e.claim(k, e.short()); r.Outcome != store.AlreadyDone {
@@ -357,8 +446,8 @@ func releaseReclaim(t *testing.T, e *env) {
 	c := e.won(k, e.long())
 	e.release(c)
 	next := e.won(k, e.long())
-	if next.Fence <= c.Fence {
-		t.Fatalf("fence after release = %d, want more than %d", next.Fence, c.Fence)
+	if next.Fence != c.Fence+2 {
+		t.Fatalf("fence after release and reclaim = %d, want %d (release +1, reclaim +1)", next.Fence, c.Fence+2)
 	}
 	e.expect(k, store.HeldByOther)
 }
@@ -480,19 +569,30 @@ func raceLapsed(t *testing.T, e *env) {
 
 func keysVerbatim(t *testing.T, e *env) {
 	p := e.key() + "/"
+	// Keys come in look-alike groups: a backend that folds case, trims,
+	// normalises Unicode, replaces invalid UTF-8, cleans paths or truncates
+	// (anywhere short of MaxKeyLen) makes two of them one record.
 	keys := []string{
 		p + "orders:po-123",
 		p + "ünïcødé/ключ/鍵/🔑",
 		p + "a/b/../c//d",
+		p + "a/c/d",
 		p + "with spaces\tand\ttabs\nand newline",
 		p + "\x01\x02\x7f\x80\xfe\xff",
+		p + "\x01\x02\x7f\x80\xff\xfe",
 		p + "{hash}tag{x}",
 		p + "quote' \"; DROP TABLE records; --",
 		p + `%s %d \ \\ *?[]`,
 		p + "Case",
 		p + "case",
 		p + "case ",
-		p + strings.Repeat("k", store.MaxKeyLen-len(p)),
+		p + " case",
+		p + "caf\u00e9",
+		p + "cafe\u0301",
+		p + strings.Repeat("k", store.MaxKeyLen-len(p)-1) + "1",
+		p + strings.Repeat("k", store.MaxKeyLen-len(p)-1) + "2",
+		p + strings.Repeat("k", 600) + "1",
+		p + strings.Repeat("k", 600) + "2",
 	}
 	claims := make([]store.Claim, len(keys))
 	for i, k := range keys {
@@ -516,12 +616,29 @@ func keysVerbatim(t *testing.T, e *env) {
 }
 
 func invalidKeys(t *testing.T, e *env) {
+	x, _ := e.h.Backend.(store.Extender)
 	for _, k := range []string{"", "nul\x00byte", strings.Repeat("x", store.MaxKeyLen+1)} {
 		_, err := e.h.Backend.Claim(e.ctx, k, e.long())
 		if !errors.Is(err, store.ErrInvalidKey) {
 			t.Errorf("Claim(%.20q...): err = %v, want ErrInvalidKey", k, err)
 		}
+		// Every method validates its arguments, the key of a Claim too.
+		c := store.Claim{Key: k, Fence: 1, Token: "t", LeaseExpiry: e.h.Now().Add(time.Hour)}
+		if ok, err := e.h.Backend.Complete(e.ctx, c); ok || !errors.Is(err, store.ErrInvalidKey) {
+			t.Errorf("Complete(%.20q...) = %v, %v, want ErrInvalidKey", k, ok, err)
+		}
+		if err := e.h.Backend.Release(e.ctx, c); !errors.Is(err, store.ErrInvalidKey) {
+			t.Errorf("Release(%.20q...): err = %v, want ErrInvalidKey", k, err)
+		}
+		if x != nil {
+			if _, err := x.Extend(e.ctx, c, e.long()); !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("Extend(%.20q...): err = %v, want ErrInvalidKey", k, err)
+			}
+		}
 	}
+	// The longest valid key is valid.
+	long := e.key() + "/"
+	e.won(long+strings.Repeat("x", store.MaxKeyLen-len(long)), e.long())
 }
 
 func invalidLease(t *testing.T, e *env) {
@@ -555,35 +672,64 @@ func cancelledContext(t *testing.T, e *env) {
 	if err := e.h.Backend.Release(dead, c); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Release with a cancelled context: err = %v, want context.Canceled", err)
 	}
+	if x, ok := e.h.Backend.(store.Extender); ok {
+		if _, err := x.Extend(dead, c, e.long()); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Extend with a cancelled context: err = %v, want context.Canceled", err)
+		}
+	}
+	// The refused calls changed nothing: c still holds the key, at fence 1.
 	e.expect(k, store.HeldByOther)
 	e.complete(c, true)
+	e.expect(k, store.AlreadyDone)
+	if p, ok := e.h.Backend.(store.Purger); ok {
+		if _, err := p.PurgeExpired(dead, 0); !errors.Is(err, context.Canceled) {
+			t.Fatalf("PurgeExpired with a cancelled context: err = %v, want context.Canceled", err)
+		}
+	}
 }
 
 func extend(t *testing.T, e *env) {
 	x, ok := e.h.Backend.(store.Extender)
 	if !ok {
-		t.Logf("%T does not implement store.Extender; nothing to check", e.h.Backend)
-		return
+		t.Skipf("%T does not implement store.Extender", e.h.Backend)
 	}
 	k := e.key()
 	c := e.won(k, e.short())
+	if e.h.Advance != nil {
+		e.h.Advance(e.h.Step / 2)
+	} else {
+		time.Sleep(e.h.Step / 2)
+	}
+	before := e.h.Now()
 	ext, err := x.Extend(e.ctx, c, e.long())
+	after := e.h.Now()
 	if err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	if ext.Fence != c.Fence || !ext.LeaseExpiry.After(c.LeaseExpiry) {
-		t.Fatalf("Extend returned fence %d expiry %v; want fence %d, expiry after %v",
-			ext.Fence, ext.LeaseExpiry, c.Fence, c.LeaseExpiry)
+	if ext.Fence != c.Fence || ext.Token != c.Token || ext.Key != c.Key {
+		t.Fatalf("Extend returned fence %d token %q key %q; want the claim's %d %q %q",
+			ext.Fence, ext.Token, ext.Key, c.Fence, c.Token, c.Key)
 	}
+	// The new lease runs from the backend's now, not from the old expiry.
+	e.within("Extend's LeaseExpiry", ext.LeaseExpiry, before.Add(e.long()), after.Add(e.long()))
 	e.pass(e.short())
-	e.expect(k, store.HeldByOther)
+	r := e.expect(k, store.HeldByOther)
+	if !r.Until.IsZero() && !sameInstant(r.Until, ext.LeaseExpiry) {
+		t.Errorf("HeldByOther.Until = %v, want the extended lease expiry %v", r.Until, ext.LeaseExpiry)
+	}
 	if _, err := x.Extend(e.ctx, c, 0); !errors.Is(err, store.ErrInvalidLease) {
 		t.Errorf("Extend(lease 0): err = %v, want ErrInvalidLease", err)
 	}
+	if _, err := x.Extend(e.ctx, c, -time.Second); !errors.Is(err, store.ErrInvalidLease) {
+		t.Errorf("Extend(lease -1s): err = %v, want ErrInvalidLease", err)
+	}
+	// Extending with the original claim (its old LeaseExpiry) is the same
+	// claim: only the fence identifies it.
 	e.complete(c, true)
 	if _, err := x.Extend(e.ctx, c, e.long()); !errors.Is(err, store.ErrLost) {
 		t.Errorf("Extend of a done claim: err = %v, want ErrLost", err)
 	}
+	e.expect(k, store.AlreadyDone)
 
 	k2 := e.key()
 	zombie := e.won(k2, e.short())
@@ -598,21 +744,48 @@ func extend(t *testing.T, e *env) {
 		t.Fatalf("claim after the fresh lease lapsed: %v fence %d, want won fence %d",
 			r.Outcome, r.Claim.Fence, fresh.Fence+1)
 	}
+
+	// A holder whose lease lapsed but whom nobody replaced still holds the
+	// record with its fence: it may extend, like it may complete.
+	k3 := e.key()
+	late := e.won(k3, e.short())
+	e.pass(e.short())
+	again, err := x.Extend(e.ctx, late, e.long())
+	if err != nil {
+		t.Fatalf("Extend of a lapsed claim nobody replaced: %v", err)
+	}
+	if again.Fence != late.Fence {
+		t.Fatalf("Extend changed the fence from %d to %d", late.Fence, again.Fence)
+	}
+	e.expect(k3, store.HeldByOther)
+	e.complete(late, true)
+
+	// A released claim cannot extend.
+	k4 := e.key()
+	rel := e.won(k4, e.long())
+	e.release(rel)
+	if _, err := x.Extend(e.ctx, rel, e.long()); !errors.Is(err, store.ErrLost) {
+		t.Errorf("Extend of a released claim: err = %v, want ErrLost", err)
+	}
+	if c := e.won(k4, e.long()); c.Fence != rel.Fence+2 {
+		t.Fatalf("claim after release: fence %d, want %d", c.Fence, rel.Fence+2)
+	}
 }
 
 func purge(t *testing.T, e *env) {
 	p, ok := e.h.Backend.(store.Purger)
 	if !ok {
-		t.Logf("%T does not implement store.Purger; nothing to check", e.h.Backend)
-		return
+		t.Skipf("%T does not implement store.Purger", e.h.Backend)
 	}
-	expired, done, held := e.key(), e.key(), e.key()
+	expired, done, held, lapsed := e.key(), e.key(), e.key(), e.key()
 	old := e.won(expired, e.long())
 	e.complete(old, true)
 	e.pass(e.h.TTL)
 	d := e.won(done, e.long())
-	e.complete(d, true)
-	e.won(held, e.short())
+	before, _ := e.completeWindow(d)
+	e.won(held, e.long())
+	e.won(lapsed, e.short())
+	e.pass(e.short())
 
 	n, err := p.PurgeExpired(e.ctx, 0)
 	if err != nil {
@@ -626,4 +799,499 @@ func purge(t *testing.T, e *env) {
 	}
 	e.expect(done, store.AlreadyDone)
 	e.expect(held, store.HeldByOther)
+	// A lapsed lease is not an expired record: it lives for the ttl past
+	// its lease, so the lapsed holder's fence stays unique.
+	if c := e.won(lapsed, e.long()); c.Fence != 2 {
+		t.Fatalf("lapsed key after purge: fence %d, want 2 (the record kept)", c.Fence)
+	}
+
+	// Up to the last nanosecond of its ttl, a done record is kept.
+	if e.justBefore(before.Add(e.h.TTL)) {
+		if _, err := p.PurgeExpired(e.ctx, 0); err != nil {
+			t.Fatalf("PurgeExpired: %v", err)
+		}
+		e.expect(done, store.AlreadyDone)
+	}
+
+	// The limit bounds one call.
+	var keys []string
+	for range 3 {
+		k := e.key()
+		e.complete(e.won(k, e.long()), true)
+		keys = append(keys, k)
+	}
+	e.pass(e.h.TTL)
+	if n, err := p.PurgeExpired(e.ctx, 1); err != nil || n > 1 {
+		t.Fatalf("PurgeExpired(limit 1) = %d, %v; want at most 1", n, err)
+	}
+	if _, err := p.PurgeExpired(e.ctx, 0); err != nil {
+		t.Fatalf("PurgeExpired: %v", err)
+	}
+	for _, k := range keys {
+		if c := e.won(k, e.long()); c.Fence != 1 {
+			t.Fatalf("expired key %q after purge: fence %d, want 1", k, c.Fence)
+		}
+	}
+}
+
+// raceExpiredDone races claims on keys whose Done ttl has elapsed. A loser
+// must see the winner's fresh claim, never the stale Done record: an
+// AlreadyDone here acks a delivery whose body may yet fail and release.
+// Several rounds, since a stale read shows only in some interleavings.
+func raceExpiredDone(t *testing.T, e *env) {
+	const rounds = 12
+	keys := make([]string, rounds)
+	done := make([]store.Claim, rounds)
+	for i := range keys {
+		keys[i] = e.key()
+		done[i] = e.won(keys[i], e.long())
+		e.complete(done[i], true)
+	}
+	e.pass(e.h.TTL)
+	for i, k := range keys {
+		results := race(t, e, k, e.long())
+		w := onlyWinner(t, results)
+		// The record may have been reaped after its expires-at instant.
+		if w.Fence != done[i].Fence+1 && w.Fence != 1 {
+			t.Fatalf("round %d: winner fence = %d, want %d (kept) or 1 (reaped)", i, w.Fence, done[i].Fence+1)
+		}
+		for _, r := range results {
+			if r.Outcome == store.HeldByOther && !r.Until.IsZero() && !sameInstant(r.Until, w.LeaseExpiry) {
+				t.Fatalf("round %d: HeldByOther.Until = %v, want the winner's lease expiry %v", i, r.Until, w.LeaseExpiry)
+			}
+		}
+		e.complete(done[i], false)
+		e.complete(w, true)
+		e.expect(k, store.AlreadyDone)
+	}
+}
+
+// leaseInstant places claims at the last nanosecond of a lease and at its
+// expiry (with Advance; a Step either side in real time).
+func leaseInstant(t *testing.T, e *env) {
+	k := e.key()
+	lease := 3 * e.h.Step
+	c := e.won(k, lease)
+	if e.justBefore(c.LeaseExpiry) {
+		r := e.expect(k, store.HeldByOther)
+		if !r.Until.IsZero() && !sameInstant(r.Until, c.LeaseExpiry) {
+			t.Errorf("HeldByOther.Until = %v, want the lease expiry %v", r.Until, c.LeaseExpiry)
+		}
+		// A short-lease claim is held just the same.
+		if r := e.claim(k, e.short()); r.Outcome != store.HeldByOther {
+			t.Fatalf("short-lease claim before the lease expiry: %v, want held by other", r.Outcome)
+		}
+	}
+	e.at(c.LeaseExpiry)
+	next := e.won(k, e.long())
+	if next.Fence != c.Fence+1 {
+		t.Fatalf("claim at the lease expiry: fence %d, want %d", next.Fence, c.Fence+1)
+	}
+	e.complete(c, false)
+	e.complete(next, true)
+}
+
+// ttlInstant pins when suppression ends: ttl after completion (not after
+// the claim, nor after the lease), not a nanosecond sooner, and a second
+// Complete does not restart it.
+func ttlInstant(t *testing.T, e *env) {
+	k := e.key()
+	c := e.won(k, e.long())
+	// Complete well after the claim, so a ttl counted from the claim ends
+	// visibly too early.
+	e.pass(2 * e.h.Step)
+	before, after := e.completeWindow(c)
+	e.pass(e.short())
+	e.complete(c, true) // changes nothing, the ttl included
+	if e.justBefore(before.Add(e.h.TTL)) {
+		r := e.expect(k, store.AlreadyDone)
+		if !r.Until.IsZero() {
+			e.within("AlreadyDone.Until", r.Until, before.Add(e.h.TTL), after.Add(e.h.TTL))
+		}
+		if r := e.claim(k, e.short()); r.Outcome != store.AlreadyDone {
+			t.Fatalf("short-lease claim before the ttl ends: %v, want already done", r.Outcome)
+		}
+	}
+	e.at(after.Add(e.h.TTL))
+	next := e.won(k, e.long())
+	if next.Fence != c.Fence+1 && next.Fence != 1 {
+		t.Fatalf("claim at completion + ttl: fence %d, want %d (kept) or 1 (reaped)", next.Fence, c.Fence+1)
+	}
+	e.complete(c, false)
+	e.complete(next, true)
+}
+
+// purgeIfAble deletes expired records when the backend is a Purger (a
+// backend that reaps by itself, like Redis, has already done so).
+func (e *env) purgeIfAble() {
+	e.t.Helper()
+	if p, ok := e.h.Backend.(store.Purger); ok {
+		if _, err := p.PurgeExpired(e.ctx, 0); err != nil {
+			e.t.Fatalf("PurgeExpired: %v", err)
+		}
+	}
+}
+
+// claimedOutlivesLease: a Claimed record expires at lease expiry + ttl.
+// Deleted sooner, the next claim restarts the fence at 1 and the lapsed
+// holder's fence matches again: it could complete the newcomer's claim.
+func claimedOutlivesLease(t *testing.T, e *env) {
+	k := e.key()
+	c := e.won(k, 3*e.h.Step)
+	if !e.justBefore(c.LeaseExpiry.Add(e.h.TTL)) {
+		return
+	}
+	e.purgeIfAble()
+	next := e.won(k, e.long())
+	if next.Fence != c.Fence+1 {
+		t.Fatalf("claim just before lease expiry + ttl: fence %d, want %d (the record must be kept)", next.Fence, c.Fence+1)
+	}
+	e.complete(c, false)
+	e.complete(next, true)
+}
+
+// releasedOutlives: a released record expires at release time + ttl.
+func releasedOutlives(t *testing.T, e *env) {
+	k := e.key()
+	c := e.won(k, e.long())
+	e.pass(e.short())
+	before := e.h.Now()
+	e.release(c)
+	if !e.justBefore(before.Add(e.h.TTL)) {
+		return
+	}
+	e.purgeIfAble()
+	next := e.won(k, e.long())
+	if next.Fence != c.Fence+2 {
+		t.Fatalf("claim just before release + ttl: fence %d, want %d (the record must be kept)", next.Fence, c.Fence+2)
+	}
+	e.complete(c, false)
+	e.complete(next, true)
+}
+
+// extendedOutlives: an extended record expires at its new lease expiry +
+// ttl, not at the old one's.
+func extendedOutlives(t *testing.T, e *env) {
+	x, ok := e.h.Backend.(store.Extender)
+	if !ok {
+		t.Skipf("%T does not implement store.Extender", e.h.Backend)
+	}
+	k := e.key()
+	c := e.won(k, e.short())
+	ext, err := x.Extend(e.ctx, c, 4*e.h.Step)
+	if err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if !e.justBefore(ext.LeaseExpiry.Add(e.h.TTL)) {
+		return
+	}
+	e.purgeIfAble()
+	next := e.won(k, e.long())
+	if next.Fence != c.Fence+1 {
+		t.Fatalf("claim just before the extended lease expiry + ttl: fence %d, want %d (the record must be kept)", next.Fence, c.Fence+1)
+	}
+	e.complete(ext, false)
+	e.complete(next, true)
+}
+
+// lostClaim loses the reply of a Claim on a fresh, a lapsed and an expired
+// Done key. The call either recognises its own claim (Won, one fence step)
+// or returns an error; it never answers HeldByOther or AlreadyDone about
+// its own write. After an error the key is consistent: either the lost
+// claim landed (the key is held until its lease lapses, then the fence
+// moves on from it) or it did not (the next claim takes the fence it would
+// have had).
+func lostClaim(t *testing.T, e *env) {
+	f := e.faults()
+	fresh, lapsed, expired := e.key(), e.key(), e.key()
+	l := e.won(lapsed, e.short())
+	d := e.won(expired, e.long())
+	e.complete(d, true)
+	e.pass(e.h.TTL)
+	lease := 3 * e.h.Step
+	for _, tc := range []struct {
+		key    string
+		fences []int64 // the fences the lost claim may take: kept, or reaped
+	}{
+		{fresh, []int64{1}},
+		{lapsed, []int64{l.Fence + 1, 1}},
+		{expired, []int64{d.Fence + 1, 1}},
+	} {
+		k := tc.key
+		allowed := func(fence int64, step int64) bool {
+			for _, a := range tc.fences {
+				if fence == a+step {
+					return true
+				}
+			}
+			return false
+		}
+		f.LoseNextReply()
+		r, err := e.h.Backend.Claim(e.ctx, k, lease)
+		if err == nil {
+			if r.Outcome != store.Won {
+				t.Fatalf("Claim(%q) whose reply was lost answered %v: it may have won, so it must answer won (its own claim recognised) or an error", k, r.Outcome)
+			}
+			if !allowed(r.Claim.Fence, 0) {
+				t.Fatalf("Claim(%q) recognised its own claim with fence %d, want one of %v (one step, not two)", k, r.Claim.Fence, tc.fences)
+			}
+			e.complete(r.Claim, true)
+			e.expect(k, store.AlreadyDone)
+			continue
+		}
+		t.Logf("Claim(%q) with a lost reply: %v", k, err)
+		before := e.h.Now()
+		r = e.claim(k, e.long())
+		switch r.Outcome {
+		case store.Won: // the lost claim never landed
+			if !allowed(r.Claim.Fence, 0) {
+				t.Fatalf("Claim(%q) after a lost claim that did not land: fence %d, want one of %v", k, r.Claim.Fence, tc.fences)
+			}
+		case store.HeldByOther: // it landed: it holds the key until its lease lapses
+			if !r.Until.IsZero() && r.Until.After(before.Add(lease+tolerance)) {
+				t.Fatalf("HeldByOther.Until = %v, after anything the lost claim (lease %v) could hold", r.Until, lease)
+			}
+			e.pass(lease)
+			r = e.claim(k, e.long())
+			if r.Outcome != store.Won || !allowed(r.Claim.Fence, 1) {
+				t.Fatalf("Claim(%q) after the lost claim's lease: %v fence %d, want won with one of %v plus 1", k, r.Outcome, r.Claim.Fence, tc.fences)
+			}
+		default:
+			t.Fatalf("Claim(%q) after a lost claim: %v, want won or held by other", k, r.Outcome)
+		}
+		e.complete(r.Claim, true)
+		e.expect(k, store.AlreadyDone)
+	}
+}
+
+// retries calls op until it returns no error, at most a few times: after
+// a fault the backend may need a new connection.
+func (e *env) retries(what string, op func() error) {
+	e.t.Helper()
+	var err error
+	for range 5 {
+		if err = op(); err == nil {
+			return
+		}
+		e.t.Logf("%s: %v (retrying)", what, err)
+	}
+	e.t.Fatalf("%s kept failing: %v", what, err)
+}
+
+// lostComplete: a Complete whose reply was lost is retried; the retry finds
+// the record Done with the caller's fence and answers true.
+func lostComplete(t *testing.T, e *env) {
+	f := e.faults()
+	k := e.key()
+	c := e.won(k, e.long())
+	f.LoseNextReply()
+	ok, err := e.h.Backend.Complete(e.ctx, c)
+	if err == nil && !ok {
+		t.Fatalf("Complete of the current claim answered false after a lost reply")
+	}
+	t.Logf("Complete with a lost reply: %v, %v", ok, err)
+	e.retries("retried Complete", func() error {
+		ok, err := e.h.Backend.Complete(e.ctx, c)
+		if err == nil && !ok {
+			t.Fatalf("retried Complete answered false: the record is Done with this fence, or still Claimed with it")
+		}
+		return err
+	})
+	e.expect(k, store.AlreadyDone)
+	e.complete(c, true)
+}
+
+// lostRelease: a Release whose reply was lost is retried; the fence rises
+// once, and the key is reclaimable at once.
+func lostRelease(t *testing.T, e *env) {
+	f := e.faults()
+	k := e.key()
+	c := e.won(k, e.long())
+	f.LoseNextReply()
+	err := e.h.Backend.Release(e.ctx, c)
+	t.Logf("Release with a lost reply: %v", err)
+	e.retries("retried Release", func() error { return e.h.Backend.Release(e.ctx, c) })
+	next := e.won(k, e.long())
+	if next.Fence != c.Fence+2 {
+		t.Fatalf("claim after a retried release: fence %d, want %d (release +1 once, reclaim +1)", next.Fence, c.Fence+2)
+	}
+	e.complete(c, false)
+	e.expect(k, store.HeldByOther)
+	e.complete(next, true)
+}
+
+// keyLog is what the racers of cutMidCall saw of one key.
+type keyLog struct {
+	mu        sync.Mutex
+	wins      map[int64]int // fence -> how many calls won it
+	maxFence  int64
+	completed map[int64]bool // fences whose Complete answered true
+	doneSeq   int64          // when the first Complete answered true; 0 if none
+	attempted bool           // some Complete was sent
+}
+
+// cutMidCall runs claim/complete/release loops on a few keys while the
+// connections are cut again and again. Every call returns (an answer or an
+// error); no fence is won twice; at most one claim completes a key; no
+// claim that starts after a completion wins; and once the faults stop and
+// the leases lapse, every key converges: done, or won by a fence above
+// every fence won before.
+func cutMidCall(t *testing.T, e *env) {
+	f := e.faults()
+	const workers, nkeys = 4, 6
+	keys := make([]string, nkeys)
+	logs := make([]*keyLog, nkeys)
+	for i := range keys {
+		keys[i] = e.key()
+		logs[i] = &keyLog{wins: map[int64]int{}, completed: map[int64]bool{}}
+	}
+	lease := 2 * e.h.Step
+	span := e.h.TTL / 4 // no record can expire during the run
+	if e.h.Advance != nil {
+		span = 300 * time.Millisecond
+	}
+	var (
+		seq        atomic.Int64
+		calls, bad atomic.Int64
+		mu         sync.Mutex
+		violations []string
+		stop       = make(chan struct{})
+		wg         sync.WaitGroup
+	)
+	violate := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		violations = append(violations, fmt.Sprintf(format, args...))
+	}
+	// Each call gets a deadline far beyond its normal time: a call that
+	// outlives it hung on a cut connection.
+	call := func() (context.Context, func()) {
+		calls.Add(1)
+		ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+		return ctx, cancel
+	}
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				i := rng.IntN(nkeys)
+				k, lg := keys[i], logs[i]
+				start := seq.Add(1)
+				ctx, cancel := call()
+				r, err := e.h.Backend.Claim(ctx, k, lease)
+				cancel()
+				if err != nil {
+					bad.Add(1)
+					if errors.Is(err, context.DeadlineExceeded) {
+						violate("Claim(%q) hung past its deadline", k)
+					}
+					continue
+				}
+				if r.Outcome != store.Won {
+					if r.Outcome != store.HeldByOther && r.Outcome != store.AlreadyDone {
+						violate("Claim(%q) answered outcome %v without an error", k, r.Outcome)
+					}
+					continue
+				}
+				c := r.Claim
+				lg.mu.Lock()
+				if lg.wins[c.Fence] > 0 {
+					violate("Claim(%q): fence %d won twice", k, c.Fence)
+				}
+				if lg.doneSeq != 0 && start > lg.doneSeq {
+					violate("Claim(%q) won fence %d after the key completed", k, c.Fence)
+				}
+				lg.wins[c.Fence]++
+				lg.maxFence = max(lg.maxFence, c.Fence)
+				lg.mu.Unlock()
+				switch rng.IntN(5) {
+				case 0, 1:
+					lg.mu.Lock()
+					lg.attempted = true
+					lg.mu.Unlock()
+					for range 5 {
+						ctx, cancel := call()
+						ok, err := e.h.Backend.Complete(ctx, c)
+						cancel()
+						if err != nil {
+							bad.Add(1)
+							continue
+						}
+						if ok {
+							lg.mu.Lock()
+							lg.completed[c.Fence] = true
+							if len(lg.completed) > 1 {
+								violate("Complete(%q): fences %v all completed", k, lg.completed)
+							}
+							if lg.doneSeq == 0 {
+								lg.doneSeq = seq.Add(1)
+							}
+							lg.mu.Unlock()
+						}
+						break
+					}
+				case 2, 3:
+					for range 5 {
+						ctx, cancel := call()
+						err := e.h.Backend.Release(ctx, c)
+						cancel()
+						if err == nil {
+							break
+						}
+						bad.Add(1)
+					}
+				default: // abandon the claim: its lease lapses
+				}
+			}
+		})
+	}
+	cuts := 0
+	for deadline := time.Now().Add(span); time.Now().Before(deadline); cuts++ {
+		time.Sleep(span / 10)
+		f.CutConnections()
+		if e.h.Advance != nil {
+			e.h.Advance(e.h.Step / 4)
+		}
+	}
+	close(stop)
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("calls still running two minutes after the cuts stopped")
+	}
+	t.Logf("%d calls, %d errors, %d cuts", calls.Load(), bad.Load(), cuts)
+	for _, v := range violations {
+		t.Error(v)
+	}
+
+	// The faults have stopped; once every lease lapses, every key settles.
+	e.pass(lease)
+	for i, k := range keys {
+		lg := logs[i]
+		r := e.claim(k, e.long())
+		switch r.Outcome {
+		case store.Won:
+			if len(lg.completed) > 0 {
+				t.Errorf("key %q: won at fence %d after fence(s) %v completed", k, r.Claim.Fence, lg.completed)
+			}
+			if r.Claim.Fence <= lg.maxFence {
+				t.Errorf("key %q: won at fence %d, not above fence %d won before", k, r.Claim.Fence, lg.maxFence)
+			}
+			e.complete(r.Claim, true)
+		case store.AlreadyDone:
+			if !lg.attempted {
+				t.Errorf("key %q is done, but no Complete was ever sent", k)
+			}
+		default:
+			t.Errorf("key %q: %v after every lease lapsed", k, r.Outcome)
+		}
+		e.expect(k, store.AlreadyDone)
+	}
 }
