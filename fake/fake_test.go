@@ -18,11 +18,13 @@ var epoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := fake.NewClock(epoch)
+		s := fake.New(fake.WithClock(clock.Now))
 		return storetest.Harness{
-			Backend: fake.New(fake.WithClock(clock.Now)),
+			Backend: s,
 			TTL:     store.DefaultTTL,
 			Advance: clock.Advance,
 			Now:     clock.Now,
+			Faults:  s,
 		}
 	})
 }
@@ -33,10 +35,12 @@ func TestContractRealTime(t *testing.T) {
 		t.Skip("real-time contract run skipped in -short mode")
 	}
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s := fake.New(fake.WithTTL(time.Second))
 		return storetest.Harness{
-			Backend: fake.New(fake.WithTTL(time.Second)),
+			Backend: s,
 			TTL:     time.Second,
 			Step:    20 * time.Millisecond,
+			Faults:  s,
 		}
 	})
 }
