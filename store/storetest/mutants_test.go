@@ -2,11 +2,17 @@ package storetest_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path"
 	"regexp"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,157 +21,625 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
 
-// mutant is a backend with one deliberate bug, to prove the suite notices.
+// mutants maps each deliberate bug to the cases named after the rule it
+// breaks: the suite must fail every one of them on that mutant (it may fail
+// more). Together they cover every MUST rule of the port, every row of the
+// transition table, the instants where a lease and a ttl end, key fidelity
+// up to store.MaxKeyLen, the optional interfaces, and retry safety under
+// lost replies and cut connections.
+var mutants = map[string][]string{
+	// Arguments are validated by every method.
+	"accepts an empty key":                            {"invalid_keys_are_refused"},
+	"accepts a NUL byte":                              {"invalid_keys_are_refused"},
+	"accepts keys longer than MaxKeyLen":              {"invalid_keys_are_refused"},
+	"accepts a non-positive lease":                    {"non_positive_leases_are_refused"},
+	"complete does not validate its key":              {"invalid_keys_are_refused"},
+	"release does not validate its key":               {"invalid_keys_are_refused"},
+	"extend does not validate its key":                {"invalid_keys_are_refused"},
+	"extend does not validate its lease":              {"extend_renews_only_the_current_claim"},
+	"claim ignores a cancelled ctx":                   {"a_cancelled_context_fails_and_changes_nothing"},
+	"complete ignores a cancelled ctx":                {"a_cancelled_context_fails_and_changes_nothing"},
+	"release ignores a cancelled ctx":                 {"a_cancelled_context_fails_and_changes_nothing"},
+	"extend ignores a cancelled ctx":                  {"a_cancelled_context_fails_and_changes_nothing"},
+	"purge ignores a cancelled ctx":                   {"a_cancelled_context_fails_and_changes_nothing"},
+	"the ctx error is not wrapped":                    {"a_cancelled_context_fails_and_changes_nothing"},
+	"truncates keys at 1000 bytes":                    {"keys_are_stored_verbatim_and_kept_apart"},
+	"truncates keys at 512 bytes":                     {"keys_are_stored_verbatim_and_kept_apart"},
+	"folds case":                                      {"keys_are_stored_verbatim_and_kept_apart"},
+	"trims spaces":                                    {"keys_are_stored_verbatim_and_kept_apart"},
+	"replaces invalid UTF-8":                          {"keys_are_stored_verbatim_and_kept_apart"},
+	"normalises Unicode":                              {"keys_are_stored_verbatim_and_kept_apart"},
+	"cleans key paths":                                {"keys_are_stored_verbatim_and_kept_apart"},
+	"absent: the fence starts at 0":                   {"claim_on_an_absent_key_wins_with_fence_1"},
+	"claimed: a claim steals a live lease":            {"claim_during_a_live_lease_is_held_by_other"},
+	"claimed: a held claim raises the fence":          {"claim_during_a_live_lease_is_held_by_other"},
+	"claimed: held-by-other Until is wrong":           {"claim_during_a_live_lease_is_held_by_other"},
+	"claimed: a lapsed lease is never reclaimed":      {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
+	"claimed: a reclaim restarts the fence at 1":      {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
+	"the token is derived from the key":               {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
+	"the lease ends one nanosecond late":              {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the lease ends one nanosecond early":             {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the lease is shorter than asked":                 {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the lease expiry reported is not the one stored": {"claim_on_an_absent_key_wins_with_fence_1", "claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the record dies with its lease":                  {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1", "a_claimed_record_outlives_its_lease_by_the_ttl"},
+	"a claimed record expires ttl after the claim":    {"a_claimed_record_outlives_its_lease_by_the_ttl"},
+	"complete ignores the fence":                      {"zombie_cannot_complete_over_a_newer_claim"},
+	"complete requires a live lease":                  {"complete_commits_after_the_lease_lapsed_if_nobody_reclaimed"},
+	"complete answers true without marking done":      {"complete_with_the_current_fence_marks_done"},
+	"complete of a done key answers false":            {"complete_and_release_on_a_done_key_are_idempotent", "a_complete_whose_reply_was_lost_is_safe_to_retry"},
+	"complete creates a missing record":               {"complete_and_release_without_a_record_change_nothing"},
+	"done: a done key is not suppressed":              {"claim_of_a_done_key_within_the_ttl_is_already_done"},
+	"done: a done key never expires":                  {"claim_of_a_done_key_after_the_ttl_wins_again"},
+	"done: the ttl is one nanosecond short":           {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: the ttl counts from the claim":             {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: the ttl counts from the lease expiry":      {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: a second complete restarts the ttl":        {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: already-done Until is wrong":               {"claim_of_a_done_key_within_the_ttl_is_already_done", "the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"release deletes the record":                      {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence", "mutex_cycle_reclaims_forever_without_ever_completing"},
+	"release keeps the fence":                         {"released_claim_can_never_complete", "mutex_cycle_reclaims_forever_without_ever_completing"},
+	"release keeps the lease":                         {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence"},
+	"release raises the fence twice":                  {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence"},
+	"release ignores the fence":                       {"zombie_release_does_not_disturb_the_newer_claim"},
+	"release reopens a done key":                      {"complete_and_release_on_a_done_key_are_idempotent"},
+	"a released record expires at once":               {"a_released_record_outlives_the_release_by_the_ttl"},
+	"a retried release fails":                         {"a_release_whose_reply_was_lost_is_safe_to_retry"},
+	"extend changes the fence":                        {"extend_renews_only_the_current_claim"},
+	"extend revives a stale claim":                    {"extend_renews_only_the_current_claim"},
+	"extend of a done claim succeeds":                 {"extend_renews_only_the_current_claim"},
+	"extend requires a live lease":                    {"extend_renews_only_the_current_claim"},
+	"extend counts from the old lease expiry":         {"extend_renews_only_the_current_claim"},
+	"extend keeps the old expires-at":                 {"an_extended_record_outlives_its_new_lease_by_the_ttl"},
+	"purge deletes live claims":                       {"purge_removes_only_expired_records"},
+	"purge deletes lapsed claims":                     {"purge_removes_only_expired_records"},
+	"purge deletes one nanosecond early":              {"purge_removes_only_expired_records"},
+	"purge ignores the limit":                         {"purge_removes_only_expired_records"},
+	"claims race between read and write":              {"racing_claims_on_a_fresh_key_admit_exactly_one", "racing_reclaims_on_a_lapsed_key_admit_exactly_one", "racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held"},
+	"a loser answers from a stale snapshot":           {"racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held"},
+	"a retried claim takes a new token":               {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
+	"a retried claim raises the fence again":          {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
+	"complete answers true when its reply was lost":   {"a_complete_whose_reply_was_lost_is_safe_to_retry"},
+	"a cut claim reports won without writing":         {"calls_cut_mid_flight_win_nothing_twice_and_converge"},
+}
+
+// mutant is an in-memory backend that follows the port except for one
+// deliberate bug, named by bug ("" for none). It behaves like a networked
+// backend: it implements storetest.Faults, and a Claim whose reply is lost
+// retries once with the same token and recognises its own claim.
 type mutant struct {
 	bug   string
 	clock *fake.Clock
-	mu    sync.Mutex
-	recs  map[string]*rec
-	n     int
+	ttl   time.Duration
+
+	mu     sync.Mutex
+	recs   map[string]*rec
+	tokens int
+	lose   bool
+
+	cuts atomic.Int64 // calls still to fail after CutConnections
 }
 
 type rec struct {
-	state         store.State
-	fence         int64
-	lease, expiry time.Time
+	state     store.State
+	fence     int64
+	token     string
+	claimedAt time.Time
+	lease     time.Time // lease expiry
+	expiry    time.Time // expires-at
 }
 
-func (m *mutant) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
-	if err := store.ValidateKey(key); err != nil {
-		return store.Result{}, err
+var (
+	_ store.Backend    = (*mutant)(nil)
+	_ store.Extender   = (*mutant)(nil)
+	_ store.Purger     = (*mutant)(nil)
+	_ storetest.Faults = (*mutant)(nil)
+)
+
+var errLost = errors.New("mutant: reply lost")
+
+func (m *mutant) is(bug string) bool { return m.bug == bug }
+
+func (m *mutant) LoseNextReply() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lose = true
+}
+
+func (m *mutant) CutConnections() { m.cuts.Add(3) }
+
+func (m *mutant) takeCut() bool {
+	for {
+		n := m.cuts.Load()
+		if n <= 0 {
+			return false
+		}
+		if m.cuts.CompareAndSwap(n, n-1) {
+			return true
+		}
 	}
-	if err := store.ValidateLease(lease); err != nil {
-		return store.Result{}, err
+}
+
+// cutBefore reports whether this call fails before reaching the records.
+func (m *mutant) cutBefore() bool { return rand.IntN(2) == 0 && m.takeCut() }
+
+// replyLost reports, with m.mu held, whether the reply of a call that took
+// effect is lost.
+func (m *mutant) replyLost() bool {
+	if m.lose {
+		m.lose = false
+		return true
 	}
-	if err := ctx.Err(); err != nil {
-		return store.Result{}, err
+	return m.takeCut()
+}
+
+func (m *mutant) validKey(key string, skip bool) error {
+	if skip {
+		return nil
+	}
+	switch {
+	case key == "" && !m.is("accepts an empty key"):
+		return store.ErrInvalidKey
+	case strings.IndexByte(key, 0) >= 0 && !m.is("accepts a NUL byte"):
+		return store.ErrInvalidKey
+	case len(key) > store.MaxKeyLen && !(m.is("accepts keys longer than MaxKeyLen") && len(key) <= 2*store.MaxKeyLen):
+		return store.ErrInvalidKey
+	}
+	return nil
+}
+
+func (m *mutant) ctxErr(ctx context.Context, ignore bool) error {
+	if ignore || ctx.Err() == nil {
+		return nil
+	}
+	if m.is("the ctx error is not wrapped") {
+		return fmt.Errorf("mutant: %v", ctx.Err())
+	}
+	return fmt.Errorf("mutant: %w", ctx.Err())
+}
+
+// canon is where the key-fidelity bugs live: the record's storage key.
+func (m *mutant) canon(key string) string {
+	switch m.bug {
+	case "truncates keys at 1000 bytes":
+		return key[:min(len(key), 1000)]
+	case "truncates keys at 512 bytes":
+		return key[:min(len(key), 512)]
+	case "folds case":
+		return strings.ToLower(key)
+	case "trims spaces":
+		return strings.TrimSpace(key)
+	case "replaces invalid UTF-8":
+		return strings.ToValidUTF8(key, "\uFFFD")
+	case "normalises Unicode":
+		return strings.ReplaceAll(key, "e\u0301", "\u00e9")
+	case "cleans key paths":
+		return path.Clean(key)
+	}
+	return key
+}
+
+func (m *mutant) newToken(key string) string {
+	if m.is("the token is derived from the key") {
+		return "token-" + key
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.tokens++
+	return fmt.Sprintf("token-%d", m.tokens)
+}
+
+// live reports whether a lease that expires at lease is live at now.
+func (m *mutant) live(now, lease time.Time) bool {
+	switch m.bug {
+	case "the lease ends one nanosecond late":
+		return !now.After(lease)
+	case "the lease ends one nanosecond early":
+		return now.Before(lease.Add(-time.Nanosecond))
+	}
+	return now.Before(lease)
+}
+
+func (m *mutant) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	if err := m.validKey(key, false); err != nil {
+		return store.Result{}, err
+	}
+	if lease <= 0 && !m.is("accepts a non-positive lease") {
+		return store.Result{}, store.ErrInvalidLease
+	}
+	if err := m.ctxErr(ctx, m.is("claim ignores a cancelled ctx")); err != nil {
+		return store.Result{}, err
+	}
+	token := m.newToken(key)
+	for attempt := 0; ; attempt++ {
+		if m.cutBefore() {
+			if m.is("a cut claim reports won without writing") {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				var fence int64 = 1
+				if r, ok := m.recs[m.canon(key)]; ok {
+					fence = r.fence + 1
+				}
+				exp := m.clock.Now().Add(lease)
+				return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: fence, Token: token, LeaseExpiry: exp}}, nil
+			}
+			return store.Result{}, fmt.Errorf("mutant: claim: connection cut: %w", errLost)
+		}
+		res, lost := m.claimOnce(key, lease, token)
+		if !lost {
+			return res, nil
+		}
+		if attempt > 0 {
+			return store.Result{}, fmt.Errorf("mutant: claim: %w", errLost)
+		}
+		// A networked backend retries a lost reply with the same token.
+		if m.is("a retried claim takes a new token") {
+			token = m.newToken(key)
+		}
+	}
+}
+
+func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res store.Result, lost bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ck := m.canon(key)
 	now := m.clock.Now()
-	r, ok := m.recs[key]
-	if ok && m.bug == "record dies with its lease" && r.state == store.Claimed && !now.Before(r.lease) {
+	r, ok := m.recs[ck]
+	if m.is("claims race between read and write") || m.is("a loser answers from a stale snapshot") {
+		// Read, let go, then write what was decided on the read.
+		var snap rec
+		if ok {
+			snap = *r
+		}
+		m.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		m.mu.Lock()
+		if m.is("a loser answers from a stale snapshot") {
+			cur, curOK := m.recs[ck]
+			if curOK != ok || (curOK && (cur.fence != snap.fence || cur.state != snap.state)) {
+				// Someone moved on: answer from the snapshot.
+				if ok && snap.state == store.Done {
+					return store.Result{Outcome: store.AlreadyDone, Until: snap.expiry}, m.replyLost()
+				}
+				return store.Result{Outcome: store.HeldByOther, Until: cur.lease}, m.replyLost()
+			}
+		} else if ok {
+			cp := snap
+			r = &cp
+			m.recs[ck] = r
+		}
+	}
+	if ok && m.is("the record dies with its lease") && r.state == store.Claimed && !now.Before(r.lease) {
 		ok = false
+	}
+	if ok && r.state == store.Claimed && r.token == token {
+		// An earlier try of this call won and its reply was lost.
+		if m.is("a retried claim raises the fence again") {
+			r.fence++
+		}
+		return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: r.fence, Token: token, LeaseExpiry: r.lease}}, m.replyLost()
 	}
 	switch {
 	case !ok:
 		r = &rec{}
-		m.recs[key] = r
-	case r.state == store.Done && now.Before(r.expiry):
-		return store.Result{Outcome: store.AlreadyDone, Until: r.expiry}, nil
-	case r.state == store.Claimed && now.Before(r.lease):
-		return store.Result{Outcome: store.HeldByOther, Until: r.lease}, nil
+		if m.is("absent: the fence starts at 0") {
+			r.fence = -1
+		}
+		m.recs[ck] = r
+	case r.state == store.Done && (now.Before(r.expiry) || m.is("done: a done key never expires")):
+		until := r.expiry
+		if m.is("done: already-done Until is wrong") {
+			until = r.lease.Add(m.ttl)
+		}
+		return store.Result{Outcome: store.AlreadyDone, Until: until}, m.replyLost()
+	case r.state == store.Claimed && (m.live(now, r.lease) || m.is("claimed: a lapsed lease is never reclaimed")) && !m.is("claimed: a claim steals a live lease"):
+		if m.is("claimed: a held claim raises the fence") {
+			r.fence++
+		}
+		until := r.lease
+		if m.is("claimed: held-by-other Until is wrong") {
+			until = r.expiry
+		}
+		return store.Result{Outcome: store.HeldByOther, Until: until}, m.replyLost()
 	}
-	m.n++
-	r.state, r.fence, r.lease = store.Claimed, r.fence+1, now.Add(lease)
-	r.expiry = r.lease.Add(time.Hour)
-	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: r.fence, Token: strings.Repeat("t", m.n), LeaseExpiry: r.lease}}, nil
+	r.state, r.token, r.claimedAt = store.Claimed, token, now
+	r.fence++
+	if m.is("claimed: a reclaim restarts the fence at 1") {
+		r.fence = 1
+	}
+	r.lease = now.Add(lease)
+	if m.is("the lease is shorter than asked") {
+		r.lease = now.Add(lease * 9 / 10)
+	}
+	r.expiry = r.lease.Add(m.ttl)
+	if m.is("a claimed record expires ttl after the claim") {
+		r.expiry = now.Add(m.ttl)
+	}
+	reported := r.lease
+	if m.is("the lease expiry reported is not the one stored") {
+		reported = now.Add(2 * lease)
+	}
+	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: r.fence, Token: token, LeaseExpiry: reported}}, m.replyLost()
 }
 
 func (m *mutant) Complete(ctx context.Context, c store.Claim) (bool, error) {
-	if err := ctx.Err(); err != nil {
+	if err := m.validKey(c.Key, m.is("complete does not validate its key")); err != nil {
 		return false, err
+	}
+	if err := m.ctxErr(ctx, m.is("complete ignores a cancelled ctx")); err != nil {
+		return false, err
+	}
+	if m.cutBefore() {
+		return false, fmt.Errorf("mutant: complete: connection cut: %w", errLost)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, ok := m.recs[c.Key]
+	if m.is("complete answers true when its reply was lost") && m.lose {
+		m.lose = false
+		return true, nil
+	}
+	ok := m.complete(c)
+	if m.replyLost() {
+		return false, fmt.Errorf("mutant: complete: %w", errLost)
+	}
+	return ok, nil
+}
+
+func (m *mutant) complete(c store.Claim) bool {
+	now := m.clock.Now()
+	ck := m.canon(c.Key)
+	r, ok := m.recs[ck]
 	if !ok {
-		return false, nil
+		if m.is("complete creates a missing record") {
+			m.recs[ck] = &rec{state: store.Done, fence: c.Fence, expiry: now.Add(m.ttl)}
+			return true
+		}
+		return false
 	}
-	if r.fence != c.Fence && m.bug != "complete ignores the fence" {
-		return false, nil
+	if r.fence != c.Fence && !m.is("complete ignores the fence") {
+		return false
 	}
-	if m.bug == "complete requires a live lease" && r.state == store.Claimed && !m.clock.Now().Before(r.lease) {
-		return false, nil
+	if r.state == store.Done {
+		if m.is("complete of a done key answers false") {
+			return false
+		}
+		if m.is("done: a second complete restarts the ttl") {
+			r.expiry = now.Add(m.ttl)
+		}
+		return true
 	}
-	r.state, r.expiry = store.Done, m.clock.Now().Add(time.Hour)
-	return true, nil
+	if m.is("complete requires a live lease") && !now.Before(r.lease) {
+		return false
+	}
+	if m.is("complete answers true without marking done") {
+		return true
+	}
+	r.state = store.Done
+	switch m.bug {
+	case "done: a done key is not suppressed":
+		r.expiry = now
+	case "done: the ttl is one nanosecond short":
+		r.expiry = now.Add(m.ttl - time.Nanosecond)
+	case "done: the ttl counts from the claim":
+		r.expiry = r.claimedAt.Add(m.ttl)
+	case "done: the ttl counts from the lease expiry":
+		r.expiry = r.lease.Add(m.ttl)
+	default:
+		r.expiry = now.Add(m.ttl)
+	}
+	return true
 }
 
 func (m *mutant) Release(ctx context.Context, c store.Claim) error {
-	if err := ctx.Err(); err != nil {
+	if err := m.validKey(c.Key, m.is("release does not validate its key")); err != nil {
 		return err
+	}
+	if err := m.ctxErr(ctx, m.is("release ignores a cancelled ctx")); err != nil {
+		return err
+	}
+	if m.cutBefore() {
+		return fmt.Errorf("mutant: release: connection cut: %w", errLost)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, ok := m.recs[c.Key]
-	if !ok || r.state != store.Claimed || r.fence != c.Fence {
-		return nil
-	}
-	switch m.bug {
-	case "release deletes the record":
-		delete(m.recs, c.Key)
-		return nil
-	case "release keeps the fence":
-	default:
+	now := m.clock.Now()
+	ck := m.canon(c.Key)
+	r, ok := m.recs[ck]
+	switch {
+	case ok && r.state == store.Done && r.fence == c.Fence && m.is("release reopens a done key"):
+		r.state, r.lease = store.Claimed, now
 		r.fence++
+	case !ok || r.state != store.Claimed:
+	case r.fence != c.Fence && !m.is("release ignores the fence"):
+		if m.is("a retried release fails") {
+			return fmt.Errorf("mutant: release of fence %d: %w", c.Fence, store.ErrLost)
+		}
+	case m.is("release deletes the record"):
+		delete(m.recs, ck)
+	default:
+		switch m.bug {
+		case "release keeps the fence":
+		case "release raises the fence twice":
+			r.fence += 2
+		default:
+			r.fence++
+		}
+		if !m.is("release keeps the lease") {
+			r.lease = now
+		}
+		r.expiry = now.Add(m.ttl)
+		if m.is("a released record expires at once") {
+			r.expiry = now
+		}
 	}
-	r.lease = m.clock.Now()
+	if m.replyLost() {
+		return fmt.Errorf("mutant: release: %w", errLost)
+	}
 	return nil
 }
+
+func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	if err := m.validKey(c.Key, m.is("extend does not validate its key")); err != nil {
+		return c, err
+	}
+	if lease <= 0 && !m.is("extend does not validate its lease") {
+		return c, store.ErrInvalidLease
+	}
+	if err := m.ctxErr(ctx, m.is("extend ignores a cancelled ctx")); err != nil {
+		return c, err
+	}
+	if m.cutBefore() {
+		return c, fmt.Errorf("mutant: extend: connection cut: %w", errLost)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	r, ok := m.recs[m.canon(c.Key)]
+	switch {
+	case !ok:
+		return c, store.ErrLost
+	case r.state == store.Done && !(m.is("extend of a done claim succeeds") && r.fence == c.Fence):
+		return c, store.ErrLost
+	case r.fence != c.Fence && !m.is("extend revives a stale claim"):
+		return c, store.ErrLost
+	case m.is("extend requires a live lease") && !now.Before(r.lease):
+		return c, store.ErrLost
+	}
+	if m.is("extend counts from the old lease expiry") {
+		r.lease = r.lease.Add(lease)
+	} else {
+		r.lease = now.Add(lease)
+	}
+	if !m.is("extend keeps the old expires-at") {
+		r.expiry = r.lease.Add(m.ttl)
+	}
+	if m.is("extend changes the fence") {
+		r.fence++
+	}
+	if m.replyLost() {
+		return c, fmt.Errorf("mutant: extend: %w", errLost)
+	}
+	c.Fence, c.LeaseExpiry = r.fence, r.lease
+	return c, nil
+}
+
+func (m *mutant) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	if err := m.ctxErr(ctx, m.is("purge ignores a cancelled ctx")); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	n := 0
+	for k, r := range m.recs {
+		if limit > 0 && n >= limit && !m.is("purge ignores the limit") {
+			break
+		}
+		expired := !now.Before(r.expiry)
+		switch m.bug {
+		case "purge deletes live claims":
+			expired = expired || r.state == store.Claimed && now.Before(r.lease)
+		case "purge deletes lapsed claims":
+			expired = expired || r.state == store.Claimed && !now.Before(r.lease)
+		case "purge deletes one nanosecond early":
+			expired = !now.Before(r.expiry.Add(-time.Nanosecond))
+		}
+		if expired {
+			delete(m.recs, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// excluded are cases the mutant runs leave out: the history check has a
+// mutation test of its own.
+const excluded = "^TestMutant/concurrent_histories"
 
 // TestMutant runs the suite on the mutant that STORETEST_MUTANT names. It
 // does nothing unless TestSuiteCatchesMutants starts it.
 func TestMutant(t *testing.T) {
-	bug := os.Getenv("STORETEST_MUTANT")
-	if bug == "" {
-		return
+	bug, ok := os.LookupEnv("STORETEST_MUTANT")
+	if !ok {
+		t.Skip("run by TestSuiteCatchesMutants, one process per mutant")
+	}
+	if _, known := mutants[bug]; !known && bug != "" {
+		t.Fatalf("unknown mutant %q", bug)
 	}
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		m := &mutant{bug: bug, clock: clock, ttl: time.Hour, recs: map[string]*rec{}}
 		return storetest.Harness{
-			Backend: &mutant{bug: bug, clock: clock, recs: map[string]*rec{}},
-			TTL:     time.Hour,
+			Backend: m,
+			TTL:     m.ttl,
 			Advance: clock.Advance,
 			Now:     clock.Now,
+			Faults:  m,
 		}
 	})
 }
 
-// Each deliberate bug must fail the cases named after the rule it breaks,
-// and the correct backend must fail none.
+// TestSuiteCatchesMutants runs the suite on every mutant, each in a process
+// of its own: every mutant must fail the cases named after the rule it
+// breaks, and the mutant with no bug must fail none.
 func TestSuiteCatchesMutants(t *testing.T) {
-	cases := map[string][]string{
-		"":                               nil, // the mutant with no bug passes
-		"release deletes the record":     {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence", "mutex_cycle_reclaims_forever_without_ever_completing"},
-		"release keeps the fence":        {"released_claim_can_never_complete", "mutex_cycle_reclaims_forever_without_ever_completing"},
-		"complete ignores the fence":     {"zombie_cannot_complete_over_a_newer_claim", "released_claim_can_never_complete"},
-		"complete requires a live lease": {"complete_commits_after_the_lease_lapsed_if_nobody_reclaimed"},
-		"record dies with its lease":     {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1", "zombie_cannot_complete_over_a_newer_claim"},
+	if os.Getenv("STORETEST_MUTANT") != "" {
+		t.Skip("inside a mutant run")
 	}
 	failLine := regexp.MustCompile(`--- FAIL: TestMutant/(\S+)`)
-	for bug, want := range cases {
+	passLine := regexp.MustCompile(`--- (?:PASS|SKIP): TestMutant/(\S+)`)
+	bugs := []string{""}
+	for bug := range mutants {
+		bugs = append(bugs, bug)
+	}
+	sort.Strings(bugs)
+	var killed atomic.Int32
+	t.Cleanup(func() { t.Logf("mutants killed: %d of %d", killed.Load(), len(mutants)) })
+	for _, bug := range bugs {
 		name := bug
 		if name == "" {
 			name = "no bug"
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			env := bug
-			if env == "" {
-				env = "none"
-			}
-			cmd := exec.Command(os.Args[0], "-test.run=^TestMutant$", "-test.v")
-			cmd.Env = append(os.Environ(), "STORETEST_MUTANT="+env)
+			cmd := exec.Command(os.Args[0], "-test.run=^TestMutant$", "-test.skip="+excluded, "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "STORETEST_MUTANT="+bug)
 			out, err := cmd.CombinedOutput()
 			failed := map[string]bool{}
 			for _, m := range failLine.FindAllStringSubmatch(string(out), -1) {
 				failed[m[1]] = true
 			}
+			ran := len(passLine.FindAllString(string(out), -1)) + len(failed)
+			if ran < 20 {
+				t.Fatalf("the suite ran only %d cases: %v\n%s", ran, err, out)
+			}
 			if bug == "" {
 				if err != nil || len(failed) > 0 {
-					t.Fatalf("the correct backend failed %v: %v\n%s", failed, err, out)
+					t.Fatalf("the correct backend failed %v: %v\n%s", keys(failed), err, out)
 				}
 				return
 			}
 			if err == nil {
-				t.Fatalf("the suite passed a backend whose %s", bug)
+				t.Fatalf("the suite passed a backend whose bug is: %s", bug)
 			}
-			for _, w := range want {
+			ok := true
+			for _, w := range mutants[bug] {
 				if !failed[w] {
-					t.Errorf("%q did not fail; failed: %v", w, failed)
+					ok = false
+					t.Errorf("%s did not fail; failed: %v", w, keys(failed))
 				}
 			}
+			if ok {
+				killed.Add(1)
+			}
+			t.Logf("mutant %q failed %v", bug, keys(failed))
 		})
 	}
+}
+
+func keys(m map[string]bool) []string {
+	var s []string
+	for k := range m {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
 }
