@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	cloud.google.com/go/datastore v1.28.1
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/google/go-cmp v0.7.0
