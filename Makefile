@@ -8,6 +8,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # server fails the run instead of skipping it.
 test: check services
 	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 ./...
+	FUZZTIME=10s ./scripts/fuzz.sh
 
 # Install the servers the backend tests start (redis-server, ...).
 services:
@@ -30,6 +31,13 @@ e2e: services
 # The directory to deploy the example function from (see the README).
 function-source:
 	./scripts/function-source.sh build/function
+
+# Every fuzz target of every package, one million executions each (set
+# FUZZTIME=30s or FUZZTIME=5000000x to change it); `make test` runs each
+# for 10s.
+.PHONY: fuzz
+fuzz:
+	./scripts/fuzz.sh
 
 bench:
 	go test -run '^$$' -bench . -benchtime 2s -count 3 ./...

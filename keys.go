@@ -7,11 +7,17 @@ import (
 	"strconv"
 
 	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // KeyFunc resolves the idempotency key of an event. An empty key with a nil
 // error means the event has no key: Idempotent then refuses it (nack) unless
-// AllowUnguarded is set. A non-nil error nacks the event.
+// AllowUnguarded is set. A non-nil error nacks the event. Idempotent checks
+// the key, behind its prefix, with store.ValidateKey before any backend
+// call: a key with a NUL byte, or longer than store.MaxKeyLen, is an error.
+// The KeyFuncs of this package return such an error themselves (wrapping
+// store.ErrInvalidKey) rather than the key.
 //
 // The key decides what counts as a duplicate. MessageID catches
 // redeliveries of one publish; a business key (Attribute, JSONField, or a
@@ -44,7 +50,19 @@ func messageID(e event.Event) (string, error) {
 	if id == "" && e.Type() == PubSubEventType {
 		id = e.ID()
 	}
-	return id, nil
+	return checkedKey(id, "messageId", e)
+}
+
+// checkedKey returns key, or an error wrapping store.ErrInvalidKey when the
+// port would refuse it. An empty key stays empty: the event is unkeyed.
+func checkedKey(key, what string, e event.Event) (string, error) {
+	if key == "" {
+		return "", nil
+	}
+	if err := store.ValidateKey(key); err != nil {
+		return "", fmt.Errorf("idempotency: event %q: %s is not a usable key: %w", e.ID(), what, err)
+	}
+	return key, nil
 }
 
 // Attribute keys an event by the Pub/Sub message attribute name. A message
@@ -55,7 +73,7 @@ func Attribute(name string) KeyFunc {
 		if err != nil {
 			return "", err
 		}
-		return ev.Message.Attributes[name], nil
+		return checkedKey(ev.Message.Attributes[name], "attribute "+strconv.Quote(name), e)
 	}
 }
 
@@ -85,13 +103,14 @@ func JSONField(path ...string) KeyFunc {
 				return "", nil
 			}
 		}
+		what := fmt.Sprintf("key field %q", path)
 		switch x := v.(type) {
 		case nil:
 			return "", nil
 		case string:
-			return x, nil
+			return checkedKey(x, what, e)
 		case json.Number:
-			return x.String(), nil
+			return checkedKey(x.String(), what, e)
 		case bool:
 			return strconv.FormatBool(x), nil
 		}
