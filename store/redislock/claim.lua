@@ -8,9 +8,11 @@
 -- Returns {outcome, fence, instant_ms}:
 --   {1, fence, lease_expiry}  won, or re-affirmed: the record is claimed
 --                             with this token, so an earlier attempt of this
---                             same call won and its reply was lost; the lease
---                             then runs from now (same fence), as a win now
---                             would
+--                             same call won and its reply was lost. The
+--                             re-affirmed claim is that attempt's, unchanged:
+--                             same fence, and the lease expiry it set (which
+--                             may have passed, as after a slow reply). The
+--                             call took effect once, when that attempt ran.
 --   {2, fence, expires_at}    already done within the ttl
 --   {3, fence, lease_expiry}  held by another live lease
 --
@@ -27,14 +29,7 @@ local fence = 0
 if r[1] then
   fence = tonumber(r[2])
   if r[1] == 'c' and r[5] == ARGV[3] then
-    local lease = now + tonumber(ARGV[1])
-    if lease <= tonumber(r[3]) then
-      return {1, fence, tonumber(r[3])}
-    end
-    local expires = lease + tonumber(ARGV[2])
-    redis.call('HSET', KEYS[1], 'l', lease, 'e', expires)
-    redis.call('PEXPIREAT', KEYS[1], expires)
-    return {1, fence, lease}
+    return {1, fence, tonumber(r[3])}
   end
   if r[1] == 'd' and now < tonumber(r[4]) then
     return {2, fence, tonumber(r[4])}

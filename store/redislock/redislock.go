@@ -77,8 +77,10 @@ func WithTTL(ttl time.Duration) Option {
 }
 
 // WithClaimRetries sets how many more times each operation (Claim,
-// Complete, Release, Extend) sends its script, with the same arguments, after
-// a network error left the outcome unknown. Default 2.
+// Complete, Release) sends its script, with the same arguments, after a
+// network error left the outcome unknown. Default 2. Extend is resent only
+// after an attempt that surely did not run (a failed dial, a server that
+// refused it): a resend would move the lease a second time.
 //
 // The backend resends, not go-redis: it tells go-redis not to resend its
 // scripts (the command's NoRetry), whatever the client's MaxRetries, because
@@ -217,12 +219,24 @@ func send(ctx context.Context, p processor, name, payload, key string, args []an
 	return cmd
 }
 
+// Whether run may resend a script after an attempt that may have run it.
+const (
+	// resendable: a second run changes nothing the first one did (Claim
+	// finds its own token, Complete a done record, Release a raised
+	// fence), so one call takes effect once however often it is sent.
+	resendable = true
+	// sendOnce: a second run would take effect again (Extend would move
+	// the lease a second time, from a later now), so run resends only
+	// after attempts that surely did not run.
+	sendOnce = false
+)
+
 // run sends s on key until an attempt gets the script's reply, at most
 // 1 + b.retries times. lost is the error of the first attempt that may have
 // run the script without its reply reaching us: when it is set, the reply
 // of a later attempt comes from a resend, which may find the effect of the
 // lost one. err is the last attempt's error when none got a reply.
-func (b *Backend) run(ctx context.Context, s script, key string, args ...any) (reply *redis.Cmd, lost, err error) {
+func (b *Backend) run(ctx context.Context, s script, resend bool, key string, args ...any) (reply *redis.Cmd, lost, err error) {
 	for attempt := 0; ; attempt++ {
 		cmd := b.eval(ctx, s, b.prefix+key, args)
 		err = cmd.Err()
@@ -232,7 +246,7 @@ func (b *Backend) run(ctx context.Context, s script, key string, args ...any) (r
 		if lost == nil && mayHaveRun(err) {
 			lost = err
 		}
-		if attempt >= b.retries || !retryable(ctx, err) {
+		if attempt >= b.retries || !retryable(ctx, err) || (lost != nil && !resend) {
 			if lost != nil && lost != err {
 				err = fmt.Errorf("%w (after %w)", err, lost)
 			}
@@ -254,7 +268,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		return store.Result{}, err
 	}
 	token := store.NewToken()
-	cmd, lost, err := b.run(ctx, claimScript, key, millis(lease), millis(b.ttl), token)
+	cmd, lost, err := b.run(ctx, claimScript, resendable, key, millis(lease), millis(b.ttl), token)
 	if err != nil {
 		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
 	}
@@ -288,7 +302,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	cmd, lost, err := b.run(ctx, completeScript, c.Key, c.Fence, millis(b.ttl), c.Token)
+	cmd, lost, err := b.run(ctx, completeScript, resendable, c.Key, c.Fence, millis(b.ttl), c.Token)
 	if err != nil {
 		return false, fmt.Errorf("redislock: complete %q fence %d: %w", c.Key, c.Fence, err)
 	}
@@ -314,7 +328,7 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	}
 	// A resend that finds nothing to release is fine: either the lost
 	// attempt released the claim, or the claim was no longer current.
-	if _, _, err := b.run(ctx, releaseScript, c.Key, c.Fence, millis(b.ttl), c.Token); err != nil {
+	if _, _, err := b.run(ctx, releaseScript, resendable, c.Key, c.Fence, millis(b.ttl), c.Token); err != nil {
 		return fmt.Errorf("redislock: release %q fence %d: %w", c.Key, c.Fence, err)
 	}
 	return nil
@@ -328,10 +342,9 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
-	// A resend that finds the claim gone reports it lost, which it is by
-	// then whatever the lost attempt did: nobody could take the key from a
-	// current claim before its (possibly renewed) lease lapsed.
-	cmd, _, err := b.run(ctx, extendScript, c.Key, c.Fence, millis(lease), millis(b.ttl), c.Token)
+	// Not resent once an attempt may have run: the caller (a heartbeat)
+	// tries again at its next beat, as a call of its own.
+	cmd, _, err := b.run(ctx, extendScript, sendOnce, c.Key, c.Fence, millis(lease), millis(b.ttl), c.Token)
 	if err != nil {
 		return c, fmt.Errorf("redislock: extend %q fence %d: %w", c.Key, c.Fence, err)
 	}

@@ -2,8 +2,10 @@ package redislock_test
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -161,23 +163,30 @@ func TestClaimResentAfterTheKeyMovedOnIsAnErrorNotAnOutcome(t *testing.T) {
 }
 
 // A resent Claim that finds its own claim after the lease lapsed (nobody
-// took the key meanwhile) wins with the same fence and a lease that runs
-// from the resend, not an expiry already past.
-func TestClaimResentAfterItsOwnLeaseLapsedRenewsTheLease(t *testing.T) {
+// took the key meanwhile) answers the lost attempt's win unchanged: same
+// fence, and the lease expiry that attempt set, even though it has passed.
+// The call took effect once, at the lost attempt; renewing the lease on the
+// resend would be a second effect, which other callers that saw the first
+// lease would contradict (the linearizability check catches it).
+func TestClaimResentAfterItsOwnLeaseLapsedIsTheLostAttemptsWin(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	r := newLossRig(t, byBackend, time.Hour)
-	wait := r.loseNextReply(t, nil)
+	var seen store.Result
+	wait := r.loseNextReply(t, func() {
+		seen, _ = r.other.Claim(t.Context(), "k", time.Minute)
+	})
+	before := serverNow(t, r.raw)
 	res, err := r.b.Claim(t.Context(), "k", lease)
 	wait()
 	if err != nil || res.Outcome != store.Won || res.Claim.Fence != 1 {
 		t.Fatalf("resent claim: %v fence %d %v; want won, fence 1", res.Outcome, res.Claim.Fence, err)
 	}
-	now := serverNow(t, r.raw)
-	if !res.Claim.LeaseExpiry.After(now.Add(lease / 3)) {
-		t.Fatalf("lease expiry %v is not a lease from the resend (server now %v)", res.Claim.LeaseExpiry, now)
+	if seen.Outcome != store.HeldByOther || !seen.Until.Equal(res.Claim.LeaseExpiry) {
+		t.Fatalf("another caller between the attempts saw %v until %v; the resent claim reports lease expiry %v (want the same instant)",
+			seen.Outcome, seen.Until, res.Claim.LeaseExpiry)
 	}
-	if got, err := r.other.Claim(t.Context(), "k", time.Minute); err != nil || got.Outcome != store.HeldByOther {
-		t.Fatalf("another caller right after the resent win: %v %v; want held by other", got.Outcome, err)
+	if d := res.Claim.LeaseExpiry.Sub(before); d < lease-time.Millisecond || d > lease+resendGap/2 {
+		t.Fatalf("lease expiry %v is %v after the call began; want the first attempt's lease", res.Claim.LeaseExpiry, d)
 	}
 	if ok, err := r.b.Complete(t.Context(), res.Claim); !ok || err != nil {
 		t.Fatalf("complete: %v %v", ok, err)
@@ -380,5 +389,59 @@ func TestAHolderOutlivingItsRecordCannotTouchTheNextOne(t *testing.T) {
 				t.Fatalf("the next holder's complete: %v %v", ok, err)
 			}
 		})
+	}
+}
+
+// scriptRuns reads how many EVALSHA and EVAL commands the server behind c
+// has run.
+func scriptRuns(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(t.Context(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if rest, ok := strings.CutPrefix(line, name); ok {
+				var calls int64
+				fmt.Sscanf(rest, "%d", &calls)
+				n += calls
+			}
+		}
+	}
+	return n
+}
+
+// Extend is not resent after a lost reply: a resend would renew the lease
+// a second time, from a later instant, after other callers had seen the
+// first renewal (one call, two effects). The heartbeat tries again at its
+// next beat, as a call of its own.
+func TestExtendIsNotResentAfterALostReply(t *testing.T) {
+	srv := testsvc.StartRedis(t)
+	proxy := testsvc.NewDropProxy(t, srv.Addr)
+	c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = 5 })
+	b := newBackend(t, c, redislock.WithClaimRetries(2))
+	direct := client(t, srv.Addr)
+	ctx := t.Context()
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Extend(ctx, r.Claim, time.Minute); err != nil { // loads the script
+		t.Fatal(err)
+	}
+	before := scriptRuns(t, direct)
+	proxy.Armed.Store(true)
+	_, err = b.Extend(ctx, r.Claim, 2*time.Minute)
+	if ran := scriptRuns(t, direct) - before; ran != 1 {
+		t.Fatalf("extend ran %d times after a lost reply, want 1", ran)
+	}
+	if err == nil || !isDriverError(err) {
+		t.Fatalf("extend with a lost reply: %v; want the driver's error", err)
+	}
+	// The next beat renews as usual.
+	if _, err := b.Extend(ctx, r.Claim, time.Minute); err != nil {
+		t.Fatalf("next extend: %v", err)
 	}
 }
