@@ -33,8 +33,15 @@
 //	duplicate: key done within the ttl     nil                 200    ack (handler skipped)
 //	key held by a live lease elsewhere     503 result          503    nack, retried later
 //	handler returned an error              the error           500    nack, retried
+//	handler's error wraps ErrInProgress    503 result          503    nack, retried later
 //	event has no key                       ErrNoKey            500    nack (fail closed)
 //	event data is not a Pub/Sub envelope   ErrMalformedEvent   500    nack
+//
+// Only the guard's own outcomes ack. A handler's error is a failure even
+// when it wraps ErrDuplicate (a nested Lock's), and it keeps a cloudevents
+// HTTP result's status only when that is a 4xx or 5xx: any status that
+// Pub/Sub would take as an ack becomes a 500. docs/bad-input.md lists what
+// every hostile input gets.
 //
 // # Invariants to size for
 //
