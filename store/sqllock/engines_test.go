@@ -64,8 +64,12 @@ func sqliteDSN(t testing.TB) string {
 
 // counter counts the statements sent through databases opened with it
 // (n), and separately the prepares, which a connection does once per
-// statement.
-type counter struct{ n, prepares atomic.Int64 }
+// statement. onPrepare, when set, runs before each prepare (a test's hook to
+// delay or fail one).
+type counter struct {
+	n, prepares atomic.Int64
+	onPrepare   atomic.Pointer[func(ctx context.Context, q string) error]
+}
 
 // open opens a database of the engine, counting statements into c (which
 // may be nil), and closes it when t ends.
@@ -146,6 +150,11 @@ func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driv
 // the prepared statement as another.
 func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stmt, error) {
 	c.c.prepares.Add(1)
+	if hook := c.c.onPrepare.Load(); hook != nil {
+		if err := (*hook)(ctx, q); err != nil {
+			return nil, err
+		}
+	}
 	st, err := c.Conn.(driver.ConnPrepareContext).PrepareContext(ctx, q)
 	if err != nil {
 		return nil, err

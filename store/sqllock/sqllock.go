@@ -73,7 +73,7 @@ type Backend struct {
 	q       statements
 
 	mu       sync.Mutex
-	prepared map[string]*sql.Stmt
+	prepared map[string]*preparing
 }
 
 var (
@@ -210,26 +210,73 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 	}
 }
 
+// preparing is one statement's prepare: the first caller that needs the
+// statement runs it, later callers wait for ready (or for their own ctx).
+type preparing struct {
+	ready chan struct{} // closed when the prepare has ended
+	st    *sql.Stmt
+	err   error
+}
+
 // stmt returns q prepared on b.db, preparing it on first use. Prepared
 // statements spare the drivers that would otherwise prepare, execute and
 // close on every call (go-sql-driver/mysql: two round trips) or compile
 // the SQL every time (SQLite).
+//
+// The mutex guards only the map: a slow PREPARE holds up no other
+// statement, and a caller waiting for the same statement gives up when its
+// own ctx ends. A failed prepare is forgotten, so the next caller tries
+// again.
 func (b *Backend) stmt(ctx context.Context, q string) (*sql.Stmt, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if st, ok := b.prepared[q]; ok {
-		return st, nil
+	for {
+		b.mu.Lock()
+		p, ok := b.prepared[q]
+		if !ok {
+			p = &preparing{ready: make(chan struct{})}
+			if b.prepared == nil {
+				b.prepared = make(map[string]*preparing)
+			}
+			b.prepared[q] = p
+			b.mu.Unlock()
+			return b.prepare(ctx, q, p)
+		}
+		b.mu.Unlock()
+		select {
+		case <-p.ready:
+			if p.err == nil {
+				return p.st, nil
+			}
+			// The preparer failed, perhaps because its own ctx ended: its
+			// entry is gone, so the next round prepares anew.
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	st, err := b.db.PrepareContext(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	if b.prepared == nil {
-		b.prepared = make(map[string]*sql.Stmt)
-	}
-	b.prepared[q] = st
-	return st, nil
 }
+
+// prepare runs the prepare that p stands for and publishes its result.
+func (b *Backend) prepare(ctx context.Context, q string, p *preparing) (*sql.Stmt, error) {
+	st, err := b.db.PrepareContext(ctx, q)
+	b.mu.Lock()
+	current := b.prepared[q] == p
+	if err != nil && current {
+		delete(b.prepared, q)
+	}
+	b.mu.Unlock()
+	if err == nil && !current {
+		// Close ran while the statement was being prepared.
+		st.Close()
+		st, err = nil, errClosed
+	}
+	p.st, p.err = st, err
+	close(p.ready)
+	return st, err
+}
+
+var errClosed = errors.New("sqllock: the backend was closed while the statement was being prepared")
 
 // queryRow runs q, prepared, and scans its one row into dest.
 func (b *Backend) queryRow(ctx context.Context, q string, args []any, dest ...any) error {
@@ -255,14 +302,31 @@ func (b *Backend) exec(ctx context.Context, q string, args ...any) (int64, error
 
 // Close releases the prepared statements. It does not close the *sql.DB,
 // which belongs to the caller.
+//
+// A statement still being prepared is closed when its prepare ends; a
+// later call on the backend prepares its statements anew.
 func (b *Backend) Close() error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	var errs []error
-	for _, st := range b.prepared {
-		errs = append(errs, st.Close())
-	}
+	prepared := b.prepared
 	b.prepared = nil
+	b.mu.Unlock()
+	var errs []error
+	for _, p := range prepared {
+		select {
+		case <-p.ready:
+			if p.st != nil {
+				errs = append(errs, p.st.Close())
+			}
+		default:
+			// Still preparing: close the statement once it is there.
+			go func() {
+				<-p.ready
+				if p.st != nil {
+					p.st.Close()
+				}
+			}()
+		}
+	}
 	return errors.Join(errs...)
 }
 
