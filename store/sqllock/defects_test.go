@@ -2,6 +2,8 @@ package sqllock_test
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,6 +86,58 @@ func TestRacingClaimsOnAnExpiredDoneKeyAdmitExactlyOne(t *testing.T) {
 			}
 			if bad > 0 {
 				t.Errorf("%d of %d rounds went wrong", bad, rounds)
+			}
+		})
+	}
+}
+
+// Issue 9: MySQL refused tables of 54 or more characters (the index name
+// passed 64) though New allows 63, and PostgreSQL truncated the index name
+// to 63 characters, where for a 63-character table it equals the table's
+// own name: CREATE INDEX IF NOT EXISTS then skipped it silently. At the
+// limit, every engine creates the table and its index on expires_at_ms,
+// and two long names that differ only at the end get one index each.
+func TestEnsureSchemaAtTheTableNameLimit(t *testing.T) {
+	countIndexes := map[string]string{
+		"postgres": `SELECT COUNT(*) FROM pg_indexes WHERE tablename = $1 AND indexdef LIKE '%(expires_at_ms)%'`,
+		"mysql":    `SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'expires_at_ms'`,
+		"sqlite":   `SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql LIKE '%(expires_at_ms)%'`,
+	}
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			db := e.open(t, e.dsn(t), nil)
+			ctx := t.Context()
+			stem := fmt.Sprintf("limit_%016x_", rand.Uint64())
+			long := stem + strings.Repeat("x", 63-len(stem))
+			names := []string{
+				long[:52], long[:53], long[:54], long[:62],
+				long[:62] + "a", long[:62] + "b", // differ only in the last character
+			}
+			if e.name == "postgres" {
+				names = append(names, "public."+long[:61]+"zz")
+			}
+			for _, name := range names {
+				b, err := sqllock.New(db, e.dialect, sqllock.WithTable(name))
+				if err != nil {
+					t.Fatalf("%d characters: %v", len(name), err)
+				}
+				if err := b.EnsureSchema(ctx); err != nil {
+					t.Fatalf("%d characters: %v", len(name), err)
+				}
+				if err := b.EnsureSchema(ctx); err != nil {
+					t.Fatalf("%d characters, again: %v", len(name), err)
+				}
+				if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
+					t.Fatalf("%d characters: claim: %v %v", len(name), r.Outcome, err)
+				}
+				table := name[strings.LastIndexByte(name, '.')+1:]
+				var n int
+				if err := db.QueryRowContext(ctx, countIndexes[e.name], table).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != 1 {
+					t.Errorf("table of %d characters has %d indexes on expires_at_ms, want 1", len(table), n)
+				}
 			}
 		})
 	}

@@ -1,6 +1,10 @@
 package sqllock
 
-import "strings"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
 
 // Dialect is the SQL of one database engine. Use Postgres, MySQL or SQLite.
 type Dialect struct {
@@ -175,6 +179,27 @@ type statements struct {
 	complete, isDone, release, extend, lease, purge, schema1 string
 }
 
+// maxIdent is the longest identifier every engine takes whole: PostgreSQL
+// truncates longer ones to 63 bytes, MySQL refuses more than 64.
+const maxIdent = 63
+
+// indexName names the index on expires_at_ms of table: table_expires_at
+// while that fits in maxIdent, else the table's first 42 characters, "_exp_"
+// and 16 hex digits of the SHA-256 of the whole table name. The long form
+// never equals a table name it was derived from (that table would have to
+// end in its own hash), nor a short-form name (it ends in hex digits, not
+// "_expires_at"), and two long table names share one only if they share
+// their first 42 characters and 64 bits of hash.
+func indexName(table string) string {
+	if name := table + "_expires_at"; len(name) <= maxIdent {
+		return name
+	}
+	const sep = "_exp_"
+	sum := sha256.Sum256([]byte(table))
+	h := hex.EncodeToString(sum[:8])
+	return table[:min(len(table), maxIdent-len(sep)-len(h))] + sep + h
+}
+
 func (d *Dialect) render(table string) statements {
 	parts := strings.Split(table, ".")
 	quoted := make([]string, len(parts))
@@ -183,7 +208,7 @@ func (d *Dialect) render(table string) statements {
 	}
 	r := strings.NewReplacer(
 		"{T}", strings.Join(quoted, "."),
-		"{I}", d.quote(parts[len(parts)-1]+"_expires_at"),
+		"{I}", d.quote(indexName(parts[len(parts)-1])),
 		"{NOW}", d.now,
 	)
 	s := statements{
