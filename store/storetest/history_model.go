@@ -5,9 +5,10 @@ package storetest
 //
 // Every call carries its window on the backend's clock: Harness.Now read
 // just before the call and just after it, widened by a tolerance. The model
-// picks, for each call it linearizes, an instant in that window no earlier
-// than the instant of the call linearized before it, and judges the call's
-// guard (lease live? ttl over?) at that instant. Instants the backend
+// judges each call's guard (lease live? ttl over?) at some instant of that
+// window. It does not ask the instants to rise along the order it finds:
+// a database stamps a statement with the time it started, and commits it
+// later, after statements that started after it. Instants the backend
 // reports (the lease expiry of a won claim, the Until of a refusal) are
 // taken as they are, after checking that they agree with the window; the
 // instants it does not report (when a release or a completion took effect,
@@ -76,9 +77,6 @@ type rec struct {
 	leaseLo, leaseHi int64
 	// The expires-at instant lies in [expLo, expHi].
 	expLo, expHi int64
-	// lo is the earliest instant at which the last linearized call can have
-	// taken effect: the next one takes effect no earlier.
-	lo int64
 }
 
 type model struct {
@@ -106,14 +104,14 @@ func (m *model) porcupine() porcupine.Model {
 			}
 			return out
 		},
-		Init: func() []any { return []any{rec{lo: math.MinInt64}} },
+		Init: func() []any { return []any{rec{}} },
 		Step: func(state, input, output any) []any {
 			return m.step(state.(rec), input.(hInput), output.(hOutput))
 		},
 		Hash: func(state any) uint64 {
 			s := state.(rec)
 			h := uint64(14695981039346656037)
-			for _, v := range [...]int64{s.fence, s.leaseLo, s.leaseHi, s.expLo, s.expHi, s.lo} {
+			for _, v := range [...]int64{s.fence, s.leaseLo, s.leaseHi, s.expLo, s.expHi} {
 				h = (h ^ uint64(v)) * 1099511628211
 			}
 			for i := 0; i < len(s.token); i++ {
@@ -142,7 +140,7 @@ func (m *model) step(s rec, in hInput, out hOutput) []any {
 	if out.unknown {
 		next = append(next, s) // it never took effect
 	}
-	lo := max(s.lo, in.from-m.tol)
+	lo := in.from - m.tol
 	hi := in.to + m.tol
 	if out.unknown {
 		hi = in.to + m.late
@@ -154,9 +152,9 @@ func (m *model) step(s rec, in hInput, out hOutput) []any {
 		next = append(next, r)
 	}
 	// A record past its expires-at instant may have been deleted before the
-	// call; a deletion takes effect no earlier than that instant.
+	// call returned.
 	if s.exists && hi >= s.expLo {
-		for _, r := range m.apply(rec{}, max(lo, s.expLo), hi, in, out) {
+		for _, r := range m.apply(rec{}, lo, hi, in, out) {
 			next = append(next, r)
 		}
 	}
@@ -178,7 +176,6 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		if !mayRefuse {
 			return nil
 		}
-		r.lo = from
 		return []rec{r}
 	}
 	switch in.kind {
@@ -190,11 +187,10 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 				return nil
 			}
 			if r.done {
-				r.lo = from
 				return []rec{r}
 			}
 			return []rec{{exists: true, done: true, fence: r.fence, token: r.token,
-				expLo: from + m.ttl, expHi: hi + m.ttl, lo: from}}
+				expLo: from + m.ttl, expHi: hi + m.ttl}}
 		}
 		return unchanged() // false
 	case opRelease:
@@ -202,7 +198,7 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		mayRefuse = mayRefuse || r.done
 		var next []rec
 		if fenced {
-			next = append(next, m.claimed(r.fence+1, r.token, from, hi, from))
+			next = append(next, m.claimed(r.fence+1, r.token, from, hi))
 		}
 		if !out.unknown { // the no-op branch covers an unknown outcome
 			next = append(next, unchanged()...)
@@ -216,7 +212,7 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 			if !fenced {
 				return nil
 			}
-			return []rec{m.claimed(r.fence, r.token, from+int64(in.lease), hi+int64(in.lease), from)}
+			return []rec{m.claimed(r.fence, r.token, from+int64(in.lease), hi+int64(in.lease))}
 		case out.lost:
 			return unchanged()
 		}
@@ -228,7 +224,7 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		if a > b {
 			return nil
 		}
-		return []rec{m.claimed(r.fence, r.token, out.expiry, out.expiry, a)}
+		return []rec{m.claimed(r.fence, r.token, out.expiry, out.expiry)}
 	}
 	return nil
 }
@@ -239,16 +235,16 @@ func (m *model) claim(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		if !ok {
 			return nil
 		}
-		return []rec{m.claimed(f, "?", at+int64(in.lease), hi+int64(in.lease), at)}
+		return []rec{m.claimed(f, "?", at+int64(in.lease), hi+int64(in.lease))}
 	}
 	switch out.outcome {
 	case store.Won:
 		at := out.expiry - int64(in.lease) // the backend's now when it judged
-		f, t, ok := m.claimable(r, max(from, at-m.tol), min(hi, at+m.tol))
+		f, _, ok := m.claimable(r, max(from, at-m.tol), min(hi, at+m.tol))
 		if !ok || f != out.fence {
 			return nil
 		}
-		return []rec{m.claimed(f, out.token, out.expiry, out.expiry, t)}
+		return []rec{m.claimed(f, out.token, out.expiry, out.expiry)}
 	case store.HeldByOther:
 		if !r.exists || r.done {
 			return nil
@@ -263,7 +259,6 @@ func (m *model) claim(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		if from >= r.leaseHi {
 			return nil // every lease it can hold has lapsed by then
 		}
-		r.lo = from
 		return []rec{r}
 	case store.AlreadyDone:
 		if !r.exists || !r.done {
@@ -278,7 +273,6 @@ func (m *model) claim(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		if from >= r.expHi {
 			return nil // the ttl is over by then
 		}
-		r.lo = from
 		return []rec{r}
 	}
 	return nil
@@ -307,9 +301,9 @@ func (m *model) claimable(r rec, a, b int64) (int64, int64, bool) {
 }
 
 // claimed is a Claimed record whose lease ends in [leaseLo, leaseHi].
-func (m *model) claimed(fence int64, token string, leaseLo, leaseHi, lo int64) rec {
+func (m *model) claimed(fence int64, token string, leaseLo, leaseHi int64) rec {
 	return rec{exists: true, fence: fence, token: token, leaseLo: leaseLo, leaseHi: leaseHi,
-		expLo: leaseLo + m.ttl, expHi: leaseHi + m.ttl, lo: lo}
+		expLo: leaseLo + m.ttl, expHi: leaseHi + m.ttl}
 }
 
 // at renders an instant relative to the start of the run.
