@@ -134,6 +134,7 @@ var rules = []rule{
 	{"a_cancelled_context_fails_and_changes_nothing", cancelledContext},
 	{"extend_renews_only_the_current_claim", extend},
 	{"purge_removes_only_expired_records", purge},
+	{"concurrent_histories_are_linearizable_with_leases_that_lapse", historyCase},
 }
 
 type env struct {
