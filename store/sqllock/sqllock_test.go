@@ -35,17 +35,41 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// TestContract runs the storetest suite on every engine. The networked
+// engines get a DropProxy of their own per case as the Harness's Faults
+// (arming it loses the next reply on any of the case's connections), so
+// the suite checks retry safety after lost replies and cut connections.
 func TestContract(t *testing.T) {
 	for _, e := range engines {
 		t.Run(e.name, func(t *testing.T) {
 			dsn := e.dsn(t)
-			db := e.open(t, dsn, nil)
+			shared := e.open(t, dsn, nil)
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
 				const ttl = 2 * time.Second
-				return storetest.Harness{Backend: e.backend(t, db, sqllock.WithTTL(ttl)), TTL: ttl, Step: 100 * time.Millisecond}
+				h := storetest.Harness{TTL: ttl, Step: 200 * time.Millisecond}
+				db := shared
+				if host := serverAddr(e, dsn); host != "" {
+					proxy := testsvc.NewDropProxy(t, host)
+					db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
+					h.Faults = proxy
+				}
+				h.Backend = e.backend(t, db, sqllock.WithTTL(ttl))
+				return h
 			})
 		})
 	}
+}
+
+// serverAddr is the host:port in a networked engine's DSN, or "" for
+// SQLite.
+func serverAddr(e engine, dsn string) string {
+	switch e.name {
+	case "postgres":
+		return dsn[strings.Index(dsn, "@")+1 : strings.LastIndex(dsn, "/")]
+	case "mysql":
+		return dsn[strings.Index(dsn, "tcp(")+4 : strings.Index(dsn, ")")]
+	}
+	return ""
 }
 
 func TestNewRefusesHostileTableNames(t *testing.T) {
@@ -248,12 +272,7 @@ func TestConnectionKilledMidClaim(t *testing.T) {
 	for _, e := range engines[:2] { // the networked engines
 		t.Run(e.name, func(t *testing.T) {
 			dsn := e.dsn(t)
-			var host string
-			if e.name == "postgres" {
-				host = dsn[strings.Index(dsn, "@")+1 : strings.LastIndex(dsn, "/")]
-			} else {
-				host = dsn[strings.Index(dsn, "tcp(")+4 : strings.Index(dsn, ")")]
-			}
+			host := serverAddr(e, dsn)
 			proxy := testsvc.NewDropProxy(t, host)
 			pdsn := strings.Replace(dsn, host, proxy.Addr(), 1)
 			db := e.open(t, pdsn, nil)
