@@ -66,7 +66,11 @@ func WithKey(f KeyFunc) Option {
 // "orders:refunds:" would collide silently ("orders:" + "refunds:1" is
 // "orders:refunds:" + "1") and one handler's work would suppress the
 // other's. A handler with no prefix shares the key space with everyone:
-// give every handler on a shared backend its own prefix.
+// give every handler on a shared backend its own prefix. Changing a
+// prefix changes every key: a redelivery of a message completed under the
+// old prefix is not recognised and runs again, so change it only when no
+// such redelivery can be pending (after the ttl, or with an idle
+// subscription).
 func WithKeyPrefix(prefix string) Option {
 	return option(func(c *config) { c.prefix = prefix })
 }
