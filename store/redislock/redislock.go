@@ -15,6 +15,16 @@
 // PEXPIREAT, so Redis deletes a record exactly when the contract allows and
 // not before. A Redis that loses writes on restart (no AOF, no replica)
 // loses records with them: a delivery in flight may then run twice.
+//
+// Complete, Release and Extend act on a record only when both its fence
+// and its token are the claim's: the fence decides, as the port says, and
+// the token tells apart a record that Redis deleted at its expires-at and
+// another caller created afresh, whose fence restarted at 1.
+//
+// After a network error that may have come after the server ran a script
+// (a lost reply), the backend resends it itself (see WithClaimRetries) and
+// reads the resend's reply for what it can prove; go-redis's own resends
+// are turned off for these scripts.
 package redislock
 
 import (
