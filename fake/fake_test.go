@@ -3,7 +3,10 @@ package fake_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -187,5 +190,76 @@ func TestExtendRefusesAnInvalidKey(t *testing.T) {
 	}
 	if got := s.Calls(fake.OpExtend); got != 0 {
 		t.Errorf("Calls(OpExtend) = %d: an invalid key reached the store", got)
+	}
+}
+
+// A lost reply hides the answer, not the effect: the caller sees
+// ErrReplyLost, and the store changed as if the reply had arrived.
+func TestLoseNextReplyKeepsTheEffect(t *testing.T) {
+	s := fake.New()
+	ctx := context.Background()
+	s.LoseNextReply()
+	if _, err := s.Claim(ctx, "k", time.Minute); !errors.Is(err, fake.ErrReplyLost) {
+		t.Fatalf("Claim err = %v, want ErrReplyLost", err)
+	}
+	rec, ok := s.Record("k")
+	if !ok || rec.State != store.Claimed || rec.Fence != 1 {
+		t.Fatalf("record after a claim whose reply was lost: %+v, %v; want claimed at fence 1", rec, ok)
+	}
+	// One reply only: the next call answers.
+	r, err := s.Claim(ctx, "k", time.Minute)
+	if err != nil || r.Outcome != store.HeldByOther {
+		t.Fatalf("next Claim = %v, %v; want held by other (the lost claim holds the key)", r.Outcome, err)
+	}
+	c := store.Claim{Key: "k", Fence: rec.Fence, Token: rec.Token, LeaseExpiry: rec.LeaseExpiry}
+	s.LoseNextReply()
+	if _, err := s.Complete(ctx, c); !errors.Is(err, fake.ErrReplyLost) {
+		t.Fatalf("Complete err = %v, want ErrReplyLost", err)
+	}
+	if rec, _ := s.Record("k"); rec.State != store.Done {
+		t.Fatalf("state after a complete whose reply was lost: %v, want done", rec.State)
+	}
+	if ok, err := s.Complete(ctx, c); !ok || err != nil {
+		t.Fatalf("retried Complete = %v, %v; want true", ok, err)
+	}
+}
+
+// CutConnections fails the calls in flight, before or after their effect;
+// calls made afterwards work.
+func TestCutConnectionsFailsOnlyTheCallsInFlight(t *testing.T) {
+	s := fake.New()
+	ctx := context.Background()
+	s.CutConnections()
+	if r, err := s.Claim(ctx, "after", time.Minute); err != nil || r.Outcome != store.Won {
+		t.Fatalf("Claim after the cut = %v, %v; want won", r.Outcome, err)
+	}
+	var wg sync.WaitGroup
+	var lost atomic.Int32
+	stop := make(chan struct{})
+	for i := range 4 {
+		wg.Go(func() {
+			for j := 0; ; j++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := s.Claim(ctx, fmt.Sprint("k", i, "-", j), time.Minute)
+				if errors.Is(err, fake.ErrReplyLost) {
+					lost.Add(1)
+				} else if err != nil {
+					t.Errorf("Claim: %v", err)
+				}
+			}
+		})
+	}
+	for range 200 {
+		s.CutConnections()
+		time.Sleep(100 * time.Microsecond)
+	}
+	close(stop)
+	wg.Wait()
+	if lost.Load() == 0 {
+		t.Fatal("200 cuts under load failed no call")
 	}
 }
