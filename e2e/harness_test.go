@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,8 +32,9 @@ import (
 
 // serverBin is the function server, built once in TestMain from the
 // deployable source directory functionDir; serviceBin is the plain net/http
-// Cloud Run service example.
-var serverBin, functionDir, serviceBin string
+// Cloud Run service example. buildDir holds them (and anything else a test
+// builds) until the binary ends.
+var serverBin, functionDir, serviceBin, buildDir string
 
 func TestMain(m *testing.M) {
 	code := func() int {
@@ -41,6 +44,7 @@ func TestMain(m *testing.M) {
 			return 2
 		}
 		defer os.RemoveAll(dir)
+		buildDir = dir
 		if serverBin, err = buildServer(dir); err != nil {
 			fmt.Fprintln(os.Stderr, "building the function server:", err)
 			return 2
@@ -59,10 +63,13 @@ func TestMain(m *testing.M) {
 // generatedMain is what the Cloud Run functions buildpack generates for a
 // Go function: a main that imports the function package (whose init
 // registers the functions) and starts the functions framework on $PORT,
-// serving $FUNCTION_TARGET. The harness adds one thing: with
-// E2E_CRASH_RATE > 0, the process exits at that rate right after the
-// supplier accepted an order, before the claim is completed (the crash
-// window no lock can close).
+// serving $FUNCTION_TARGET. The harness adds two things to its outgoing
+// requests: with E2E_CRASH_RATE > 0, the process exits at that rate right
+// after the supplier accepted an order, before the claim is completed (the
+// crash window no lock can close); and every request carries
+// E2E_INCARNATION, the harness's number for this process, and the lease
+// expiry of the claim it is sent under, so the supplier can tell which
+// process sent what, and whether a holder's lease was still live.
 const generatedMain = `package main
 
 import (
@@ -74,16 +81,23 @@ import (
 	"strings"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+	"github.com/gcp-pubsub-idempotency/idempotency"
 
 	_ "example.com/orders-function"
 )
 
 type crashAfterSend struct {
-	next http.RoundTripper
-	rate float64
+	next        http.RoundTripper
+	rate        float64
+	incarnation string
 }
 
 func (c crashAfterSend) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("X-E2E-Incarnation", c.incarnation)
+	if claim, ok := idempotency.ClaimFrom(r.Context()); ok {
+		r.Header.Set("X-E2E-Lease-Expiry", strconv.FormatInt(claim.LeaseExpiry.UnixMilli(), 10))
+	}
 	resp, err := c.next.RoundTrip(r)
 	if err == nil && resp.StatusCode/100 == 2 && r.Method == http.MethodPost &&
 		strings.HasSuffix(r.URL.Path, "/orders") && rand.Float64() < c.rate {
@@ -94,9 +108,8 @@ func (c crashAfterSend) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 func main() {
-	if rate, _ := strconv.ParseFloat(os.Getenv("E2E_CRASH_RATE"), 64); rate > 0 {
-		http.DefaultTransport = crashAfterSend{http.DefaultTransport, rate}
-	}
+	rate, _ := strconv.ParseFloat(os.Getenv("E2E_CRASH_RATE"), 64)
+	http.DefaultTransport = crashAfterSend{http.DefaultTransport, rate, os.Getenv("E2E_INCARNATION")}
 	if err := funcframework.Start(os.Getenv("PORT")); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -223,6 +236,7 @@ type supplier struct {
 
 	mu        sync.Mutex
 	calls     map[string]int // raw POST /orders per key, re-sends included
+	log       []supplierCall // every POST /orders, in arrival order
 	failFirst map[string]int // answer 500 to this many first calls of a key
 	history   map[string][]string
 	reading   map[string]int
@@ -243,6 +257,10 @@ func (s *supplier) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPost && r.URL.Path == "/orders":
 		k := r.Header.Get("Idempotency-Key")
 		s.calls[k]++
+		fence, _ := strconv.ParseInt(r.Header.Get("X-Fence"), 10, 64)
+		inc, _ := strconv.ParseInt(r.Header.Get("X-E2E-Incarnation"), 10, 64)
+		lease, _ := strconv.ParseInt(r.Header.Get("X-E2E-Lease-Expiry"), 10, 64)
+		s.log = append(s.log, supplierCall{key: k, fence: fence, incarnation: inc, leaseExpiry: time.UnixMilli(lease), at: time.Now()})
 		if s.failFirst[k] > 0 {
 			s.failFirst[k]--
 			http.Error(w, "supplier hiccup", http.StatusInternalServerError)
@@ -266,6 +284,22 @@ func (s *supplier) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// supplierCall is one POST /orders as the supplier received it.
+type supplierCall struct {
+	key         string    // Idempotency-Key: the key the sender held
+	fence       int64     // X-Fence: the sender's fence on that key
+	incarnation int64     // X-E2E-Incarnation: the process that sent it
+	leaseExpiry time.Time // X-E2E-Lease-Expiry: when the sender's lease lapses
+	at          time.Time // when it arrived
+}
+
+// callLog returns a copy of every POST /orders so far, in arrival order.
+func (s *supplier) callLog() []supplierCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]supplierCall(nil), s.log...)
+}
+
 // orders returns how many distinct orders the supplier holds, and how many
 // calls it received in all.
 func (s *supplier) orders() (distinct, calls int) {
@@ -286,9 +320,10 @@ func (s *supplier) callsFor(key string) int {
 // instance is one function process, restarted when it dies, as Cloud Run
 // replaces a crashed instance.
 type instance struct {
-	port int
-	mu   sync.Mutex
-	cmd  *exec.Cmd
+	port    int
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	started time.Time // when cmd started
 }
 
 // fleet runs n instances of one function behind a round-robin balancer.
@@ -305,6 +340,12 @@ type fleet struct {
 	statuses   map[int]int
 	crashes    atomic.Int64 // injected os.Exit after a send
 	kills      atomic.Int64 // SIGKILL from outside
+
+	incarnations atomic.Int64             // processes started so far; each gets the next number
+	deaths       map[int64]time.Time      // when each dead process was seen to exit
+	logs         map[int64]*syncBuffer    // each process's stdout and stderr
+	acks         map[string]time.Time     // the first 2xx answer to a delivery of each order key
+	keyOf        func(body []byte) string // the order key a push request carries ("" if none)
 }
 
 func startFleet(t *testing.T, n int, env ...string) *fleet {
@@ -313,7 +354,7 @@ func startFleet(t *testing.T, n int, env ...string) *fleet {
 
 // startFleetOf runs n instances of bin.
 func startFleetOf(t *testing.T, bin string, n int, env ...string) *fleet {
-	f := &fleet{t: t, statuses: map[int]int{}, bin: bin}
+	f := &fleet{t: t, statuses: map[int]int{}, bin: bin, deaths: map[int64]time.Time{}, logs: map[int64]*syncBuffer{}, acks: map[string]time.Time{}, keyOf: orderKey}
 	for range n {
 		port, err := testsvc.FreePort()
 		if err != nil {
@@ -334,11 +375,18 @@ func startFleetOf(t *testing.T, bin string, n int, env ...string) *fleet {
 		},
 		ModifyResponse: func(resp *http.Response) error {
 			f.count(resp.StatusCode)
+			if k, _ := resp.Request.Context().Value(orderKeyCtx{}).(string); k != "" && resp.StatusCode/100 == 2 {
+				f.ack(k)
+			}
 			return nil
 		},
 	}
 	f.lb = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.deliveries.Add(1)
+		if body, err := io.ReadAll(r.Body); err == nil {
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			r = r.WithContext(context.WithValue(r.Context(), orderKeyCtx{}, f.keyOf(body)))
+		}
 		rec := &statusRecorder{ResponseWriter: w}
 		proxy.ServeHTTP(rec, r)
 		if rec.code == http.StatusBadGateway {
@@ -379,6 +427,50 @@ func (s *statusRecorder) WriteHeader(code int) {
 	s.ResponseWriter.WriteHeader(code)
 }
 
+// orderKeyCtx carries a delivery's order key from the balancer's handler
+// to its ModifyResponse.
+type orderKeyCtx struct{}
+
+// orderKey returns the key HandleOrder holds for a raw push request:
+// "orders:" and the message's po_id attribute.
+func orderKey(body []byte) string {
+	var env struct {
+		Message struct {
+			Attributes map[string]string `json:"attributes"`
+		} `json:"message"`
+	}
+	if json.Unmarshal(body, &env) != nil || env.Message.Attributes["po_id"] == "" {
+		return ""
+	}
+	return "orders:" + env.Message.Attributes["po_id"]
+}
+
+// ack records that a delivery of key was answered with a 2xx: the function
+// says the key's work is done.
+func (f *fleet) ack(key string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.acks[key]; !ok {
+		f.acks[key] = time.Now()
+	}
+}
+
+// firstAck returns when a delivery of key was first acked, if it was.
+func (f *fleet) firstAck(key string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.acks[key]
+	return at, ok
+}
+
+// diedAt returns when process number n was seen to exit, if it did.
+func (f *fleet) diedAt(n int64) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	at, ok := f.deaths[n]
+	return at, ok
+}
+
 func (f *fleet) count(code int) {
 	f.mu.Lock()
 	f.statuses[code]++
@@ -397,19 +489,26 @@ func (f *fleet) statusCounts() map[int]int {
 
 func (f *fleet) supervise(in *instance, env []string) {
 	for !f.stop.Load() {
+		n := f.incarnations.Add(1)
 		cmd := exec.Command(f.bin)
-		cmd.Env = append(os.Environ(), append([]string{fmt.Sprint("PORT=", in.port)}, env...)...)
+		cmd.Env = append(os.Environ(), append([]string{fmt.Sprint("PORT=", in.port), fmt.Sprint("E2E_INCARNATION=", n)}, env...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		var logs bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &logs, &logs
+		logs := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = logs, logs
+		f.mu.Lock()
+		f.logs[n] = logs
+		f.mu.Unlock()
 		if err := cmd.Start(); err != nil {
 			f.t.Errorf("starting an instance: %v", err)
 			return
 		}
 		in.mu.Lock()
-		in.cmd = cmd
+		in.cmd, in.started = cmd, time.Now()
 		in.mu.Unlock()
 		err := cmd.Wait()
+		f.mu.Lock()
+		f.deaths[n] = time.Now()
+		f.mu.Unlock()
 		if f.stop.Load() {
 			return
 		}
@@ -422,14 +521,45 @@ func (f *fleet) supervise(in *instance, env []string) {
 	}
 }
 
-// kill SIGKILLs instance i, as a platform or an OOM would.
-func (f *fleet) kill(i int) {
+// kill SIGKILLs instance i, as a platform or an OOM would, unless its
+// process started less than minAge ago (so that on a slow machine the
+// fleet is not kept down by kills faster than its start-ups).
+func (f *fleet) kill(i int, minAge time.Duration) {
 	in := f.instances[i]
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.cmd != nil && in.cmd.Process != nil && in.cmd.Process.Signal(syscall.SIGKILL) == nil {
+	if in.cmd != nil && in.cmd.Process != nil && time.Since(in.started) >= minAge && in.cmd.Process.Signal(syscall.SIGKILL) == nil {
 		f.kills.Add(1)
 	}
+}
+
+// logOf returns what process number n has written so far.
+func (f *fleet) logOf(n int64) string {
+	f.mu.Lock()
+	b := f.logs[n]
+	f.mu.Unlock()
+	if b == nil {
+		return ""
+	}
+	return b.String()
+}
+
+// syncBuffer is a bytes.Buffer that a process writes while others read.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func (f *fleet) close() {
