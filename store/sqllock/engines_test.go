@@ -64,11 +64,12 @@ func sqliteDSN(t testing.TB) string {
 
 // counter counts the statements sent through databases opened with it
 // (n), and separately the prepares, which a connection does once per
-// statement. onPrepare, when set, runs before each prepare (a test's hook to
-// delay or fail one).
+// statement. onPrepare and onConnect, when set, run before each prepare
+// and each new connection (a test's hooks to delay or fail one).
 type counter struct {
 	n, prepares atomic.Int64
 	onPrepare   atomic.Pointer[func(ctx context.Context, q string) error]
+	onConnect   atomic.Pointer[func(ctx context.Context) error]
 }
 
 // open opens a database of the engine, counting statements into c (which
@@ -106,6 +107,11 @@ type countingConnector struct {
 }
 
 func (cc *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	if hook := cc.c.onConnect.Load(); hook != nil {
+		if err := (*hook)(ctx); err != nil {
+			return nil, err
+		}
+	}
 	var conn driver.Conn
 	var err error
 	if dc, ok := cc.drv.(driver.DriverContext); ok {

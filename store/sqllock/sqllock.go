@@ -190,6 +190,36 @@ func transient(err error) bool {
 	return false
 }
 
+// errUnknownOutcome ends a Claim's retries: an earlier attempt's reply was
+// lost, and the record no longer says whether that attempt had won.
+var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
+
+// mayHaveLanded reports whether the write that failed with err may have
+// been applied all the same: true unless the server itself refused the
+// statement (an SQLSTATE, a MySQL error number, an SQLite code; a single
+// statement outside a transaction that failed changed nothing) or the
+// driver reported that it sent nothing (driver.ErrBadConn).
+func mayHaveLanded(err error) bool {
+	if errors.Is(err, driver.ErrBadConn) {
+		return false
+	}
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return false
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		return false
+	}
+	return !mysqlServerError.MatchString(err.Error())
+}
+
+// mysqlServerError matches go-sql-driver/mysql's rendering of an error the
+// server sent ("Error 1213 (40001): ..."); client-side errors such as 2006
+// and 2013 (the server went away, the connection was lost) are the ones
+// whose write may have landed.
+var mysqlServerError = regexp.MustCompile(`(^|: )Error [134]\d{3}\b`)
+
 // retry runs op, and again after a transient failure, within ctx and the
 // retry budget.
 func (b *Backend) retry(ctx context.Context, op func() error) error {
@@ -199,7 +229,7 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 	var err error
 	for attempt := 0; ; attempt++ {
 		err = op()
-		if err == nil || attempt >= b.retries || ctx.Err() != nil || !transient(err) {
+		if err == nil || attempt >= b.retries || ctx.Err() != nil || !transient(err) || errors.Is(err, errUnknownOutcome) {
 			return err
 		}
 		select {
@@ -376,6 +406,12 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	token := store.NewToken()
 	k := []byte(key)
 	var res store.Result
+	// lost is the error of the first attempt whose write may have landed
+	// unseen (its reply was lost). From then on only finding the token in
+	// the record tells: a retry that finds someone else's record cannot
+	// say whether that attempt had won it (and lost it since), so it
+	// answers an error, never HeldByOther or AlreadyDone.
+	var lost error
 	err := b.retry(ctx, func() error {
 		for range maxRounds {
 			var err error
@@ -387,9 +423,19 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 			default:
 				res, err = b.claimMySQL(ctx, k, lease, token)
 			}
-			if !errors.Is(err, errRace) {
+			switch {
+			case errors.Is(err, errRace):
+				continue
+			case err != nil:
+				if lost == nil && mayHaveLanded(err) {
+					lost = err
+				}
 				return err
+			case lost != nil && res.Outcome != store.Won:
+				return fmt.Errorf("%w (a retry found the key %v, until %v): %w",
+					errUnknownOutcome, res.Outcome, res.Until.UTC().Format(time.RFC3339Nano), lost)
 			}
+			return nil
 		}
 		return fmt.Errorf("sqllock: still contended after %d rounds", maxRounds)
 	})
@@ -474,7 +520,20 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 		return store.Result{}, errRace
 	}
 	if r.state == 1 && r.token == token {
-		return won(r.fence, r.lease, token), nil
+		if r.lease > r.now {
+			return won(r.fence, r.lease, token), nil
+		}
+		// A retry found its own claim after its lease lapsed (nobody took
+		// the key meanwhile): the lease runs from now, as for any win.
+		newLease := r.now + lms
+		n, err := b.exec(ctx, b.q.renew, newLease, newLease+tms, k, r.fence, token)
+		if err != nil {
+			return store.Result{}, err
+		}
+		if n == 1 {
+			return won(r.fence, newLease, token), nil
+		}
+		return store.Result{}, errRace
 	}
 	if res, ok := judge(r, token); ok {
 		return res, nil
