@@ -591,18 +591,33 @@ func TestSuiteCatchesMutants(t *testing.T) {
 		bugs = append(bugs, bug)
 	}
 	sort.Strings(bugs)
-	var killed atomic.Int32
-	t.Cleanup(func() { t.Logf("mutants killed: %d of %d", killed.Load(), len(mutants)) })
-	for _, bug := range bugs {
+	// The runs wait on sleeps more than on the CPU: more of them at once
+	// than -test.parallel allows.
+	type run struct {
+		out []byte
+		err error
+	}
+	runs := make([]run, len(bugs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 6)
+	for i, bug := range bugs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestMutant$", "-test.skip="+excluded, "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "STORETEST_MUTANT="+bug)
+			runs[i].out, runs[i].err = cmd.CombinedOutput()
+		})
+	}
+	wg.Wait()
+	killed := 0
+	for i, bug := range bugs {
 		name := bug
 		if name == "" {
 			name = "no bug"
 		}
+		out, err := runs[i].out, runs[i].err
 		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestMutant$", "-test.skip="+excluded, "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "STORETEST_MUTANT="+bug)
-			out, err := cmd.CombinedOutput()
 			failed := map[string]bool{}
 			for _, m := range failLine.FindAllStringSubmatch(string(out), -1) {
 				failed[m[1]] = true
@@ -628,11 +643,12 @@ func TestSuiteCatchesMutants(t *testing.T) {
 				}
 			}
 			if ok {
-				killed.Add(1)
+				killed++
 			}
 			t.Logf("mutant %q failed %v", bug, keys(failed))
 		})
 	}
+	t.Logf("mutants killed: %d of %d", killed, len(mutants))
 }
 
 func keys(m map[string]bool) []string {
