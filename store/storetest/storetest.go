@@ -63,7 +63,9 @@ type Harness struct {
 	// Faults, when set, lets the suite break the path between Backend and
 	// its server, to check that every method is safe to retry after a lost
 	// reply or a cut connection. Cases that need it are skipped without it;
-	// every networked backend should provide it.
+	// every networked backend should provide it. It must break this
+	// Harness's Backend only (a proxy per case, for example): cases run in
+	// parallel, and a reply lost on another case's call fails that case.
 	Faults Faults
 }
 
