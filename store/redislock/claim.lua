@@ -4,6 +4,8 @@
 -- ARGV[1]  lease in milliseconds (integer > 0)
 -- ARGV[2]  ttl in milliseconds (integer > 0)
 -- ARGV[3]  claim token, unique per Claim call
+-- ARGV[4]  "resend" when an earlier attempt of this call may have run and
+--          its reply was lost; absent otherwise
 --
 -- Returns {outcome, fence, instant_ms}:
 --   {1, fence, lease_expiry}  won, or re-affirmed: the record is claimed
@@ -15,6 +17,11 @@
 --                             call took effect once, when that attempt ran.
 --   {2, fence, expires_at}    already done within the ttl
 --   {3, fence, lease_expiry}  held by another live lease
+--   {4, fence, 0}             a resend that does not find its own claim: it
+--                             changes nothing, for it cannot tell whether
+--                             the lost attempt won the key before the key
+--                             moved on (a win now would be the call's
+--                             second)
 --
 -- Hash fields: s = state ("c" claimed | "d" done), f = fence,
 -- l = lease expiry (ms), e = expires at (ms), t = token of the last winner.
@@ -31,6 +38,11 @@ if r[1] then
   if r[1] == 'c' and r[5] == ARGV[3] then
     return {1, fence, tonumber(r[3])}
   end
+end
+if ARGV[4] == 'resend' then
+  return {4, fence, 0}
+end
+if r[1] then
   if r[1] == 'd' and now < tonumber(r[4]) then
     return {2, fence, tonumber(r[4])}
   end

@@ -96,9 +96,10 @@ func WithTTL(ttl time.Duration) Option {
 // scripts (the command's NoRetry), whatever the client's MaxRetries, because
 // only the backend knows that an attempt is a resend and what the reply to a
 // resend can prove. A resent Claim answers Won only when it finds its own
-// token in the record (the lost attempt won) or wins the key afresh; when it
-// finds the key held by another or done, it cannot tell whether its lost
-// attempt won the key before the key moved on, and returns an error. A
+// token in the record (the lost attempt won); when it finds anything else
+// (the key held by another, done, free, or gone) it cannot tell whether its
+// lost attempt won the key before the key moved on, so it changes nothing
+// and returns an error: neither a guess at not won nor a second win. A
 // resent Complete that finds the record no longer its own returns an error
 // for the same reason. Clients that do not implement Process (none of
 // go-redis's) run the scripts through redis.Script.Run, and go-redis may
@@ -181,14 +182,16 @@ func refused(err redis.Error) bool {
 
 // mayHaveRun reports whether a failed attempt may have run its script:
 // anything but a reply from the server (our scripts raise no error after a
-// write) or a failure to connect.
+// write), a failure to connect, or a failure to send.
 func mayHaveRun(err error) bool {
 	var rerr redis.Error
 	if errors.As(err, &rerr) {
 		return false
 	}
+	// A failed dial sent nothing; a failed write sent part of the command
+	// at most, which the server never runs.
 	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "write") {
 		return false
 	}
 	return !errors.Is(err, redis.ErrPoolTimeout)
@@ -246,9 +249,16 @@ const (
 // run the script without its reply reaching us: when it is set, the reply
 // of a later attempt comes from a resend, which may find the effect of the
 // lost one. err is the last attempt's error when none got a reply.
-func (b *Backend) run(ctx context.Context, s script, resend bool, key string, args ...any) (reply *redis.Cmd, lost, err error) {
+//
+// When lost is set, run appends resent to the arguments of every later
+// attempt, so that the script can tell a resend from a first send.
+func (b *Backend) run(ctx context.Context, s script, resend bool, resent []any, key string, args ...any) (reply *redis.Cmd, lost, err error) {
 	for attempt := 0; ; attempt++ {
-		cmd := b.eval(ctx, s, b.prefix+key, args)
+		a := args
+		if lost != nil {
+			a = append(args[:len(args):len(args)], resent...)
+		}
+		cmd := b.eval(ctx, s, b.prefix+key, a)
 		err = cmd.Err()
 		if err == nil {
 			return cmd, lost, nil
@@ -278,7 +288,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		return store.Result{}, err
 	}
 	token := store.NewToken()
-	cmd, lost, err := b.run(ctx, claimScript, resendable, key, millis(lease), millis(b.ttl), token)
+	cmd, lost, err := b.run(ctx, claimScript, resendable, []any{"resend"}, key, millis(lease), millis(b.ttl), token)
 	if err != nil {
 		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
 	}
@@ -287,24 +297,22 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected reply %v (%v)", key, cmd.Val(), err)
 	}
 	at := time.UnixMilli(reply[2])
-	var res store.Result
 	switch reply[0] {
 	case 1:
 		return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: reply[1], Token: token, LeaseExpiry: at}}, nil
 	case 2:
-		res = store.Result{Outcome: store.AlreadyDone, Until: at}
+		return store.Result{Outcome: store.AlreadyDone, Until: at}, nil
 	case 3:
-		res = store.Result{Outcome: store.HeldByOther, Until: at}
-	default:
-		return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected outcome %d", key, reply[0])
+		return store.Result{Outcome: store.HeldByOther, Until: at}, nil
+	case 4:
+		// A resend, and the record is not this call's claim: the lost
+		// attempt may have won the key before the key moved on (its lease
+		// lapsed, and another caller reclaimed, completed or released it),
+		// or may never have run. Not won would be a guess, and so would a
+		// second win (one call, two fences).
+		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: an attempt whose reply was lost may have won the key, which is no longer this call's claim): %w", key, lost)
 	}
-	if lost != nil {
-		// The lost attempt may have won the key, and the key may have moved
-		// on since (its lease lapsed and another caller reclaimed or
-		// completed it). Not won would be a guess.
-		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: an attempt whose reply was lost may have won the key, which is now %v): %w", key, res.Outcome, lost)
-	}
-	return res, nil
+	return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected outcome %d", key, reply[0])
 }
 
 // Complete implements store.Backend.
@@ -312,7 +320,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	cmd, lost, err := b.run(ctx, completeScript, resendable, c.Key, c.Fence, millis(b.ttl), c.Token)
+	cmd, lost, err := b.run(ctx, completeScript, resendable, nil, c.Key, c.Fence, millis(b.ttl), c.Token)
 	if err != nil {
 		return false, fmt.Errorf("redislock: complete %q fence %d: %w", c.Key, c.Fence, err)
 	}
@@ -338,7 +346,7 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	}
 	// A resend that finds nothing to release is fine: either the lost
 	// attempt released the claim, or the claim was no longer current.
-	if _, _, err := b.run(ctx, releaseScript, resendable, c.Key, c.Fence, millis(b.ttl), c.Token); err != nil {
+	if _, _, err := b.run(ctx, releaseScript, resendable, nil, c.Key, c.Fence, millis(b.ttl), c.Token); err != nil {
 		return fmt.Errorf("redislock: release %q fence %d: %w", c.Key, c.Fence, err)
 	}
 	return nil
@@ -354,7 +362,7 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	}
 	// Not resent once an attempt may have run: the caller (a heartbeat)
 	// tries again at its next beat, as a call of its own.
-	cmd, _, err := b.run(ctx, extendScript, sendOnce, c.Key, c.Fence, millis(lease), millis(b.ttl), c.Token)
+	cmd, _, err := b.run(ctx, extendScript, sendOnce, nil, c.Key, c.Fence, millis(lease), millis(b.ttl), c.Token)
 	if err != nil {
 		return c, fmt.Errorf("redislock: extend %q fence %d: %w", c.Key, c.Fence, err)
 	}
