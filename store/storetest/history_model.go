@@ -56,6 +56,14 @@ type hOutput struct {
 	unknown bool   // the call failed: it may or may not have taken effect
 	err     string // the error, for the report
 	pending bool   // still running where a counterexample was cut
+	// before marks what a call that retried inside the backend may have
+	// done before its answer: a Claim that answered Won may have won once
+	// already, lost that reply, and found its lease overtaken when it tried
+	// again; an Extend may have extended the claim once before its answer
+	// (ErrLost, or a later extension). It took effect, if at all, within the call. (A Claim that
+	// answers HeldByOther or AlreadyDone gets no such allowance: the port
+	// forbids that answer when the call may have won.)
+	before  bool
 	outcome store.Outcome
 	fence   int64  // Won
 	token   string // Won
@@ -142,7 +150,7 @@ func (m *model) step(s rec, in hInput, out hOutput) []any {
 	}
 	lo := in.from - m.tol
 	hi := in.to + m.tol
-	if out.unknown {
+	if out.unknown && !out.before {
 		hi = in.to + m.late
 	}
 	if lo > hi {
@@ -360,6 +368,10 @@ func (m *model) describeOp(in hInput, out hOutput) string {
 	switch {
 	case out.pending:
 		res = "(still running at the cut)"
+	case out.before && in.kind == opClaim:
+		res = "(a win it may have made before its answer, its reply lost)"
+	case out.before:
+		res = "(an extension it may have made before its answer, its reply lost)"
 	case out.unknown:
 		res = "error (outcome unknown): " + out.err
 	case in.kind == opClaim:

@@ -103,6 +103,7 @@ func TestHistoryFlagsBrokenBackends(t *testing.T) {
 		"the ttl runs from the claim, not the completion",
 		"release deletes the record",
 		"extend ignores the fence",
+		"extend answers lost for the current claim",
 		"purge deletes records whose lease lapsed",
 		"held by other until past the lease",
 	}
@@ -358,7 +359,8 @@ func (b *broken) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	r, ok := b.recs[c.Key]
-	if !ok || r.done || r.fence != c.Fence && b.bug != "extend ignores the fence" {
+	if !ok || r.done || r.fence != c.Fence && b.bug != "extend ignores the fence" ||
+		b.bug == "extend answers lost for the current claim" && b.rng.IntN(5) == 0 {
 		if b.replyLost() {
 			return c, errLost
 		}
