@@ -42,11 +42,54 @@
 //
 // # Clock
 //
-// Datastore gives a client no server time to judge leases by, so the
-// backend uses the client's clock. Instances whose clocks disagree by s
-// shift each other's view of a lease by s: keep lease and ttl far above any
-// plausible skew (Cloud Run instances are NTP-synchronized to well under a
-// second; the defaults are 15 minutes and 1 hour).
+// Leases and ttls are judged by the service's clock wherever the service
+// reports it, so that an instance whose clock runs fast cannot take a live
+// lease or end a ttl early, and one whose clock runs slow cannot store a
+// lease that has lapsed already:
+//
+//   - A Lookup judges the record it read by the reply's read_time.
+//   - A write stores instants computed from an estimate of the server's time
+//     that is never earlier than the server's time when the request was
+//     sent: the latest server timestamp seen (read_time of a Lookup or
+//     RunQuery, commit_time of a Commit, else the update_time of an applied
+//     mutation) plus the time elapsed on this process's monotonic clock since
+//     the request that brought it was sent. A lease therefore runs for at
+//     least its length from the server's now when the claim was sent (a few
+//     milliseconds longer, by the latency of that earlier request), and the
+//     LeaseExpiry a claim reports is exactly the one stored. A Release sets
+//     the lease to the matching lower bound (server time plus the time since
+//     that reply arrived), so the key is reclaimable at once.
+//   - An estimate older than a minute is not trusted (clock rates drift):
+//     Claim then reads the record before it writes, and Complete, Release,
+//     Extend and PurgeExpired read before they write, which costs one RPC
+//     after an idle minute. The first Claim of a Backend reads first for the
+//     same reason.
+//   - PurgeExpired queries for records expired by the lower bound of the
+//     server's time and deletes only those whose expires_at is not after the
+//     query's read_time, each with a versioned delete.
+//
+// The Datastore emulator sets neither read_time nor commit_time (nor
+// update_time). When the first read's reply carries no read_time, the
+// Backend judges by the client's clock until a reply carries a server
+// timestamp, which on the emulator is never: there, instances whose clocks
+// disagree by s shift each other's view of a lease by s, so keep lease and
+// ttl far above any plausible skew (Cloud Run instances are
+// NTP-synchronized to well under a second). Once the service has reported
+// its time, a read whose reply lacks it is judged by the lower bound of the
+// estimate, or fails when there is no recent one.
+//
+// # Retries
+//
+// Every RPC is retried after Unavailable, Aborted, ResourceExhausted,
+// Internal or DeadlineExceeded (WithRetries). A retried write may have
+// applied although its reply was lost; the token of the Claim call tells
+// its own write apart. When a retry finds the record in other hands (or
+// gone) at a time when, had the lost write applied, others could already
+// have taken the key from it, Claim cannot tell whether it won and returns
+// an error, never HeldByOther or AlreadyDone; Complete does the same. A
+// Claim whose own write landed but whose lease lapsed before the call could
+// answer returns an error too, never a lapsed lease. Complete, Release and
+// Extend recognise their own lost write and do not apply it twice.
 package datastorelock
 
 import (
@@ -55,7 +98,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -112,8 +157,10 @@ func WithClientOptions(opts ...option.ClientOption) Option {
 	return func(b *Backend) { b.clientOpts = append(b.clientOpts, opts...) }
 }
 
-// WithClock makes the backend read time from now instead of time.Now, for
-// tests.
+// WithClock makes the backend read the client's time from now instead of
+// time.Now, for tests. It also measures the time elapsed since a server
+// timestamp arrived (time.Now's monotonic reading makes that immune to
+// steps of the wall clock).
 func WithClock(now func() time.Time) Option { return func(b *Backend) { b.now = now } }
 
 // WithRetries sets how many times an operation is retried after an
@@ -132,6 +179,8 @@ type Backend struct {
 	conn gtransport.ConnPool
 	rpc  pb.DatastoreClient
 	md   metadata.MD
+
+	sc serverClock
 }
 
 var (
@@ -205,12 +254,32 @@ func (b *Backend) Close() error { return b.conn.Close() }
 // TTL returns the ttl the backend applies.
 func (b *Backend) TTL() time.Duration { return b.ttl }
 
-// Name returns the entity name a key is stored under.
+// Name returns the entity name a key is stored under: the key itself when
+// it is valid UTF-8, does not start with "~" and does not both start and
+// end with "__"; else "~" followed by the key in unpadded base64url. Distinct
+// keys get distinct names.
 func Name(key string) string {
 	if utf8.ValidString(key) && !strings.HasPrefix(key, "~") && !(strings.HasPrefix(key, "__") && strings.HasSuffix(key, "__")) {
 		return key
 	}
 	return "~" + base64.RawURLEncoding.EncodeToString([]byte(key))
+}
+
+// keyOf is the inverse of Name: the key stored under name, and false for a
+// name that Name does not produce.
+func keyOf(name string) (string, bool) {
+	key := name
+	if rest, ok := strings.CutPrefix(name, "~"); ok {
+		raw, err := base64.RawURLEncoding.DecodeString(rest)
+		if err != nil {
+			return "", false
+		}
+		key = string(raw)
+	}
+	if Name(key) != name {
+		return "", false
+	}
+	return key, true
 }
 
 func (b *Backend) ctx(ctx context.Context) context.Context {
@@ -270,6 +339,98 @@ func decode(res *pb.EntityResult) (record, error) {
 
 func (b *Backend) clock() time.Time { return b.now().UTC().Truncate(time.Microsecond) }
 
+// maxObservationAge is how long a server timestamp serves as the base of an
+// estimate of the server's time. Clock rates differ by up to a few hundred
+// parts per million: a few milliseconds a minute.
+const maxObservationAge = time.Minute
+
+// clockMode says whose clock the backend judges by.
+type clockMode int
+
+const (
+	modeUnknown clockMode = iota // nothing read yet
+	modeServer                   // the service reports its time
+	modeClient                   // it does not (the emulator): the client's clock
+)
+
+// serverClock estimates the service's clock from the timestamps its replies
+// carry.
+type serverClock struct {
+	mu   sync.Mutex
+	mode clockMode
+	at   time.Time // the latest server timestamp
+	sent time.Time // the client's clock when the request that brought it was sent
+	recv time.Time // the client's clock when its reply arrived
+}
+
+// observe records the server timestamp ts of a reply (nil when it carries
+// none) to a request sent at sent whose reply arrived at recv. A read whose
+// reply carries none, before any did, means the service keeps no clock for
+// us (the emulator).
+func (b *Backend) observe(ts *timestamppb.Timestamp, sent, recv time.Time, read bool) {
+	b.sc.mu.Lock()
+	defer b.sc.mu.Unlock()
+	if ts == nil || !ts.IsValid() {
+		if read && b.sc.mode == modeUnknown {
+			b.sc.mode = modeClient
+		}
+		return
+	}
+	b.sc.mode = modeServer
+	if b.sc.recv.IsZero() || !recv.Before(b.sc.recv) {
+		b.sc.at, b.sc.sent, b.sc.recv = ts.AsTime(), sent, recv
+	}
+}
+
+// times returns a lower and an upper bound of the server's time now: the
+// latest server timestamp plus the time elapsed since its reply arrived, and
+// since its request was sent. ok is false when there is no recent server
+// timestamp (read first). With the client's clock both bounds are its now.
+func (b *Backend) times() (lo, hi time.Time, ok bool) {
+	b.sc.mu.Lock()
+	defer b.sc.mu.Unlock()
+	switch b.sc.mode {
+	case modeClient:
+		now := b.clock()
+		return now, now, true
+	case modeServer:
+		now := b.now()
+		sinceRecv := now.Sub(b.sc.recv)
+		if sinceRecv < 0 || sinceRecv > maxObservationAge {
+			return time.Time{}, time.Time{}, false
+		}
+		lo = b.sc.at.Add(sinceRecv).Truncate(time.Microsecond)
+		hi = b.sc.at.Add(now.Sub(b.sc.sent) + time.Microsecond - 1).Truncate(time.Microsecond)
+		return lo, hi, true
+	}
+	return time.Time{}, time.Time{}, false
+}
+
+// errNoServerTime reports a reply without the server's time from a service
+// that otherwise gives it, with no recent estimate to fall back on.
+var errNoServerTime = errors.New("datastorelock: the reply carries no read_time and no recent server time is known")
+
+// judge returns the instant to judge a read by: the reply's read_time, else
+// the lower bound of the server's time (the client's clock on the emulator).
+func (b *Backend) judge(readTime *timestamppb.Timestamp) (time.Time, error) {
+	if readTime != nil && readTime.IsValid() {
+		return readTime.AsTime(), nil
+	}
+	lo, _, ok := b.times()
+	if !ok {
+		return time.Time{}, errNoServerTime
+	}
+	return lo, nil
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // retry runs op until it succeeds, fails in a way a retry cannot fix, or
 // the budget or ctx runs out.
 func (b *Backend) retry(ctx context.Context, op func() error) error {
@@ -303,15 +464,28 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 }
 
 // lookup reads the record for key; found is false when it does not exist.
-func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, err error) {
+// now is the instant to judge it by (see judge).
+func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, now time.Time, err error) {
+	return b.lookupKey(ctx, b.dsKey(key))
+}
+
+func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found bool, now time.Time, err error) {
 	err = b.retry(ctx, func() error {
+		sent := b.now()
 		res, err := b.rpc.Lookup(b.ctx(ctx), &pb.LookupRequest{
 			ProjectId:  b.project,
 			DatabaseId: b.database,
-			Keys:       []*pb.Key{b.dsKey(key)},
+			Keys:       []*pb.Key{k},
 		})
 		if err != nil {
 			return err
+		}
+		b.observe(res.GetReadTime(), sent, b.now(), true)
+		if now, err = b.judge(res.GetReadTime()); err != nil {
+			return err
+		}
+		if len(res.Deferred) > 0 {
+			return status.Error(codes.Unavailable, "lookup deferred the key")
 		}
 		if len(res.Found) == 0 {
 			found = false
@@ -321,14 +495,61 @@ func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool,
 		found = err == nil
 		return err
 	})
-	return r, found, err
+	return r, found, now, err
+}
+
+// probeName is an entity name that Name never returns ("!" is not in the
+// base64url alphabet): PurgeExpired reads it for the server's time.
+const probeName = "~probe!"
+
+// probe reads the server's time (or learns that the service gives none).
+func (b *Backend) probe(ctx context.Context) error {
+	k := b.dsKey("")
+	k.Path[0].IdType = &pb.Key_PathElement_Name{Name: probeName}
+	_, _, _, err := b.lookupKey(ctx, k)
+	return err
+}
+
+// commitTime is the server's time in a Commit reply: commit_time, else the
+// latest update_time of an applied mutation (a conflicting one reports the
+// entity's older update time), else nil.
+func commitTime(res *pb.CommitResponse) *timestamppb.Timestamp {
+	if ts := res.GetCommitTime(); ts != nil {
+		return ts
+	}
+	var latest *timestamppb.Timestamp
+	for _, mr := range res.GetMutationResults() {
+		ts := mr.GetUpdateTime()
+		if mr.GetConflictDetected() || ts == nil || !ts.IsValid() {
+			continue
+		}
+		if latest == nil || ts.AsTime().After(latest.AsTime()) {
+			latest = ts
+		}
+	}
+	return latest
+}
+
+// mayHaveApplied reports whether a Commit that failed with err may have
+// been applied all the same (its reply was lost, or the call was cut).
+func mayHaveApplied(err error) bool {
+	switch status.Code(err) {
+	case codes.AlreadyExists, codes.NotFound, codes.InvalidArgument, codes.FailedPrecondition,
+		codes.PermissionDenied, codes.Unauthenticated, codes.OutOfRange, codes.Unimplemented:
+		return false
+	}
+	return true
 }
 
 // write commits one mutation outside any transaction and returns the
 // entity's new version; applied is false when base_version conflicted.
-// AlreadyExists (an insert of an existing key) is returned as is.
-func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, applied bool, err error) {
+// AlreadyExists (an insert of an existing key) is returned as is. lost is
+// the error of the latest attempt that failed in a way that leaves open
+// whether the server applied it: then the mutation may have applied even
+// when err is set or applied is false (a retry finds its own write).
+func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, applied bool, lost, err error) {
 	err = b.retry(ctx, func() error {
+		sent := b.now()
 		res, err := b.rpc.Commit(b.ctx(ctx), &pb.CommitRequest{
 			ProjectId:  b.project,
 			DatabaseId: b.database,
@@ -336,8 +557,12 @@ func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, app
 			Mutations:  []*pb.Mutation{m},
 		})
 		if err != nil {
+			if mayHaveApplied(err) {
+				lost = err
+			}
 			return err
 		}
+		b.observe(commitTime(res), sent, b.now(), false)
 		if len(res.MutationResults) != 1 {
 			return fmt.Errorf("commit returned %d mutation results, want 1", len(res.MutationResults))
 		}
@@ -345,7 +570,7 @@ func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, app
 		version, applied = mr.Version, !mr.ConflictDetected
 		return nil
 	})
-	return version, applied, err
+	return version, applied, lost, err
 }
 
 func insert(e *pb.Entity) *pb.Mutation {
@@ -363,7 +588,13 @@ func update(e *pb.Entity, base int64) *pb.Mutation {
 const maxRounds = 32
 
 // Claim implements store.Backend: an insert for a fresh key (1 RPC), else a
-// lookup and, to reclaim, a versioned update (2 or 3 RPCs).
+// lookup and, to reclaim, a versioned update (2 or 3 RPCs). Without a
+// recent server timestamp it reads before it inserts.
+//
+// A retry that cannot tell whether a write of this call whose reply was
+// lost had won returns an error, not HeldByOther or AlreadyDone: that is
+// when the record is found in other hands at or after the lease that write
+// would have stored (before it, nobody could have taken the key from it).
 func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.Result{}, err
@@ -375,49 +606,89 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		return store.Result{}, fmt.Errorf("datastorelock: claim %q: %w", key, err)
 	}
 	token := store.NewToken()
-	tryInsert := true
+	// pending is the latest lease that a write of this call whose reply
+	// was lost may have stored; lost is that write's error.
+	var (
+		pending time.Time
+		lost    error
+	)
+	_, _, tryInsert := b.times()
 	for range maxRounds {
-		now := b.clock()
 		if tryInsert {
-			rec := record{state: stateClaimed, fence: 1, lease: now.Add(lease), token: token}
-			rec.exp = rec.lease.Add(b.ttl)
-			v, _, err := b.write(ctx, insert(b.entity(key, rec)))
-			if err == nil {
-				return won(key, rec, v), nil
-			}
-			if status.Code(err) != codes.AlreadyExists {
-				return store.Result{}, b.unknown(key, err)
+			if _, hi, ok := b.times(); ok {
+				rec := record{state: stateClaimed, fence: 1, lease: hi.Add(lease), token: token}
+				rec.exp = rec.lease.Add(b.ttl)
+				v, _, lostNow, err := b.write(ctx, insert(b.entity(key, rec)))
+				if lostNow != nil {
+					pending, lost = later(pending, rec.lease), lostNow
+				}
+				if err == nil {
+					if b.lapsed(rec, lost) {
+						return store.Result{}, b.lapsedErr(key, rec, lost)
+					}
+					return won(key, rec, v), nil
+				}
+				if status.Code(err) != codes.AlreadyExists {
+					return store.Result{}, b.unknown(key, err)
+				}
 			}
 		}
-		cur, found, err := b.lookup(ctx, key)
+		cur, found, now, err := b.lookup(ctx, key)
 		if err != nil {
 			return store.Result{}, b.unknown(key, err)
 		}
-		if !found { // deleted after it expired: start afresh
+		if !found {
+			// Never written, or deleted after it expired. Had a lost write
+			// of this call landed, the record would stay until at least its
+			// lease + ttl.
+			if lost != nil && !now.Before(pending.Add(b.ttl)) {
+				return store.Result{}, fmt.Errorf("datastorelock: claim %q: outcome unknown: a write of this call may have won the key "+
+					"with a lease to %v, and the record, found gone at %v, could have expired since: %w", key, pending, now, lost)
+			}
 			tryInsert = true
 			continue
 		}
-		now = b.clock()
+		mine := cur.token == token
 		switch {
-		case cur.token == token && cur.state == stateClaimed:
+		case mine && cur.state == stateClaimed && now.Before(cur.lease):
 			// An earlier try of this call won; its reply was lost.
 			return won(key, cur, cur.version), nil
+		case mine:
+			// It won, but its lease lapsed while the call retried: anyone
+			// may take the key now. Renewing it would be a second effect
+			// of one call; answering Won would hand out a lapsed lease.
+			return store.Result{}, b.lapsedErr(key, cur, lost)
+		case lost != nil && !now.Before(pending):
+			return store.Result{}, fmt.Errorf("datastorelock: claim %q: outcome unknown: a write of this call may have won the key "+
+				"with a lease to %v, and the record, found in other hands at %v, could have changed hands since: %w",
+				key, pending, now, lost)
 		case cur.state == stateDone && now.Before(cur.exp):
 			return store.Result{Outcome: store.AlreadyDone, Until: cur.exp}, nil
 		case cur.state == stateClaimed && now.Before(cur.lease):
 			return store.Result{Outcome: store.HeldByOther, Until: cur.lease}, nil
 		}
-		next := record{state: stateClaimed, fence: cur.fence + 1, lease: now.Add(lease), token: token}
+		// Reclaimable.
+		_, hi, ok := b.times()
+		if !ok {
+			return store.Result{}, b.unknown(key, errNoServerTime)
+		}
+		next := record{state: stateClaimed, fence: cur.fence + 1, lease: hi.Add(lease), token: token}
 		next.exp = next.lease.Add(b.ttl)
-		v, applied, err := b.write(ctx, update(b.entity(key, next), cur.version))
+		v, applied, lostNow, err := b.write(ctx, update(b.entity(key, next), cur.version))
+		if lostNow != nil {
+			pending, lost = later(pending, next.lease), lostNow
+		}
 		if err != nil {
 			if status.Code(err) == codes.NotFound {
-				tryInsert = true
+				tryInsert = false // deleted since the lookup: look again
 				continue
 			}
 			return store.Result{}, b.unknown(key, err)
 		}
 		if applied {
+			if b.lapsed(next, lost) {
+				return store.Result{}, b.lapsedErr(key, next, lost)
+			}
 			return won(key, next, v), nil
 		}
 		// Someone wrote the record since the lookup (or our own update
@@ -425,6 +696,26 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		tryInsert = false
 	}
 	return store.Result{}, fmt.Errorf("datastorelock: claim %q: still contended after %d rounds", key, maxRounds)
+}
+
+// lapsed reports whether a claim that this call wrote after a lost reply
+// (lost is not nil) has a lease that lapsed before the call could answer.
+// Its record may even have expired, been purged and been written again by
+// the retry: the call must not hand it out.
+func (b *Backend) lapsed(r record, lost error) bool {
+	if lost == nil {
+		return false
+	}
+	lo, _, ok := b.times()
+	return !ok || !lo.Before(r.lease)
+}
+
+func (b *Backend) lapsedErr(key string, r record, lost error) error {
+	if lost == nil {
+		lost = errors.New("reply lost")
+	}
+	return fmt.Errorf("datastorelock: claim %q: this call won fence %d, but a reply was lost and its lease lapsed at %v "+
+		"before the call could answer (the key is free to claim): %w", key, r.fence, r.lease, lost)
 }
 
 func won(key string, r record, version int64) store.Result {
@@ -437,46 +728,102 @@ func (b *Backend) unknown(key string, err error) error {
 	return fmt.Errorf("datastorelock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
 }
 
+// holds reports whether r is the record claim c won (or what c's own
+// changes made of it): the same fence and token. The token tells c apart
+// from a claim with the same fence on a record created afresh after an
+// earlier one was deleted.
+func holds(r record, c store.Claim) bool { return r.fence == c.Fence && r.token == c.Token }
+
+// sameRecord reports whether a and b hold the same values (versions
+// aside).
+func sameRecord(a, b record) bool {
+	return a.state == b.state && a.fence == b.fence && a.token == b.token && a.lease.Equal(b.lease) && a.exp.Equal(b.exp)
+}
+
+// takeable is the instant from which a party other than the writer may
+// change record r: a Claimed record once its lease lapses, a Done one once
+// its ttl ends.
+func takeable(r record) time.Time {
+	if r.state == stateDone {
+		return r.exp
+	}
+	return r.lease
+}
+
+// changed is what change found or did.
+type changed struct {
+	rec   record // the record as written, or as last read (when found)
+	found bool   // a record exists
+	wrote bool   // this call's write applied
+	// unsure: a write of this call whose reply was lost may have applied,
+	// and the record was then found without the claim's fence (or gone) at
+	// a time when others could have changed it since: the caller cannot
+	// tell whether its write happened. lost is that write's error.
+	unsure bool
+	lost   error
+}
+
 // change applies f to the record of claim c with a versioned update. f sees
-// the current record and says what to write, or stops with a result. Only
-// the claim's fence entitles a change.
+// the current record and bounds of the server's time now, and says what to
+// write, or stops. Only the claim's fence and token entitle a change.
 //
-// When the claim carries the entity's version, the first round trusts the
-// claim's own view of the record and skips the lookup: if the record
-// changed since, the versioned update does not apply, and the next round
-// reads it.
-func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record) (next record, write bool)) (record, bool, error) {
+// When the claim carries the entity's version and the server's time is
+// known, the first round trusts the claim's own view of the record and
+// skips the lookup: if the record changed since, the versioned update does
+// not apply, and the next round reads it.
+func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record, lo, hi time.Time) (next record, write bool)) (changed, error) {
 	cur := fromClaim(c, b.ttl)
 	known := c.Rev != 0
+	var (
+		pending time.Time
+		lost    error
+		sent    []record // what the writes whose replies were lost carried
+	)
 	for range maxRounds {
-		if !known {
-			r, found, err := b.lookup(ctx, c.Key)
+		lo, hi, fresh := b.times()
+		if !known || !fresh {
+			r, found, now, err := b.lookup(ctx, c.Key)
 			if err != nil {
-				return record{}, false, err
+				return changed{}, err
+			}
+			if found && slices.ContainsFunc(sent, func(s record) bool { return sameRecord(s, r) }) {
+				// A write of this call landed; its reply was lost. Writing
+				// again would be a second effect.
+				return changed{rec: r, found: true, wrote: true}, nil
+			}
+			if lost != nil && (!found || !holds(r, c)) && !now.Before(pending) {
+				return changed{rec: r, found: found, unsure: true, lost: lost}, nil
 			}
 			if !found {
-				return record{}, false, nil
+				return changed{}, nil
 			}
 			cur, known = r, true
+			if lo, hi, fresh = b.times(); !fresh {
+				return changed{}, errNoServerTime
+			}
 		}
-		next, write := f(cur)
+		next, write := f(cur, lo, hi)
 		if !write {
-			return cur, false, nil
+			return changed{rec: cur, found: true}, nil
 		}
-		v, applied, err := b.write(ctx, update(b.entity(c.Key, next), cur.version))
+		v, applied, lostNow, err := b.write(ctx, update(b.entity(c.Key, next), cur.version))
+		if lostNow != nil {
+			pending, lost, sent = later(pending, takeable(next)), lostNow, append(sent, next)
+		}
 		if status.Code(err) == codes.NotFound {
-			return record{}, false, nil
+			known = false // gone: read to be sure, and to tell a lost write
+			continue
 		}
 		if err != nil {
-			return record{}, false, err
+			return changed{}, err
 		}
 		if applied {
 			next.version = v
-			return next, true, nil
+			return changed{rec: next, found: true, wrote: true}, nil
 		}
 		known = false // changed under us: read it and decide again
 	}
-	return record{}, false, fmt.Errorf("still contended after %d rounds", maxRounds)
+	return changed{}, fmt.Errorf("still contended after %d rounds", maxRounds)
 }
 
 // fromClaim is what the record looks like while c holds it unchanged, for
@@ -486,40 +833,45 @@ func fromClaim(c store.Claim, ttl time.Duration) record {
 }
 
 // Complete implements store.Backend: one versioned update when the claim
-// is unchanged.
+// is unchanged. The Done record expires a ttl after the server's time (its
+// upper bound) when the update was sent. When a retry after a lost reply
+// finds the record in other hands at a time when the completion, had it
+// applied, could already have expired and been reclaimed, Complete returns
+// an error: it cannot tell.
 func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	var done bool
-	_, _, err := b.change(ctx, c, func(cur record) (record, bool) {
-		if cur.fence != c.Fence || cur.state == stateDone {
-			done = cur.fence == c.Fence
+	res, err := b.change(ctx, c, func(cur record, _, hi time.Time) (record, bool) {
+		if !holds(cur, c) || cur.state == stateDone {
 			return cur, false
 		}
-		cur.state, cur.exp = stateDone, b.clock().Add(b.ttl)
-		done = true
+		cur.state, cur.exp = stateDone, hi.Add(b.ttl)
 		return cur, true
 	})
 	if err != nil {
 		return false, fmt.Errorf("datastorelock: complete %q fence %d: %w", c.Key, c.Fence, err)
 	}
-	return done, nil
+	if res.unsure {
+		return false, fmt.Errorf("datastorelock: complete %q fence %d: outcome unknown: a completion whose reply was lost "+
+			"may have applied and expired before the record was found in other hands: %w", c.Key, c.Fence, res.lost)
+	}
+	return res.found && holds(res.rec, c) && res.rec.state == stateDone, nil
 }
 
 // Release implements store.Backend: one versioned update when the claim is
-// unchanged.
+// unchanged. The lease is set to the lower bound of the server's time, so
+// the key is reclaimable at once.
 func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
-	_, _, err := b.change(ctx, c, func(cur record) (record, bool) {
-		if cur.fence != c.Fence || cur.state != stateClaimed {
+	_, err := b.change(ctx, c, func(cur record, lo, hi time.Time) (record, bool) {
+		if !holds(cur, c) || cur.state != stateClaimed {
 			return cur, false
 		}
-		now := b.clock()
 		cur.fence++
-		cur.lease, cur.exp = now, now.Add(b.ttl)
+		cur.lease, cur.exp = lo, hi.Add(b.ttl)
 		return cur, true
 	})
 	if err != nil {
@@ -528,7 +880,8 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	return nil
 }
 
-// Extend implements store.Extender.
+// Extend implements store.Extender: the lease runs for lease from the
+// server's time (its upper bound) when the update was sent.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
@@ -536,21 +889,21 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
-	next, ok, err := b.change(ctx, c, func(cur record) (record, bool) {
-		if cur.fence != c.Fence || cur.state != stateClaimed {
+	res, err := b.change(ctx, c, func(cur record, _, hi time.Time) (record, bool) {
+		if !holds(cur, c) || cur.state != stateClaimed {
 			return cur, false
 		}
-		cur.lease = b.clock().Add(lease)
+		cur.lease = hi.Add(lease)
 		cur.exp = cur.lease.Add(b.ttl)
 		return cur, true
 	})
 	if err != nil {
 		return c, fmt.Errorf("datastorelock: extend %q fence %d: %w", c.Key, c.Fence, err)
 	}
-	if !ok {
+	if !res.wrote {
 		return c, fmt.Errorf("datastorelock: extend %q fence %d: %w", c.Key, c.Fence, store.ErrLost)
 	}
-	c.LeaseExpiry, c.Rev = next.lease, next.version
+	c.LeaseExpiry, c.Rev = res.rec.lease, res.rec.version
 	return c, nil
 }
 
@@ -558,19 +911,34 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 const purgeBatch = 500
 
 // PurgeExpired implements store.Purger, for databases without a TTL policy
-// on expires_at. It queries records past expires_at in batches of 500
-// (whole entities: a projection would not carry their versions) and deletes
-// each with a versioned delete, so a record that was reclaimed after the
-// query read it is left alone.
+// on expires_at. It queries records whose expires_at has passed by the
+// lower bound of the server's time, in batches of 500 (whole entities: a
+// projection would not carry their versions), and deletes those whose
+// expires_at is not after the query's read_time, each with a versioned
+// delete, so a record that was reclaimed after the query read it is left
+// alone. A client clock that runs fast cannot make it delete early.
 func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	total := 0
 	for limit <= 0 || total < limit {
+		lo, _, ok := b.times()
+		if !ok {
+			if err := b.probe(ctx); err != nil {
+				return total, fmt.Errorf("datastorelock: purge: reading the server's time: %w", err)
+			}
+			if lo, _, ok = b.times(); !ok {
+				return total, fmt.Errorf("datastorelock: purge: %w", errNoServerTime)
+			}
+		}
 		batch := int32(purgeBatch)
 		if limit > 0 && limit-total < purgeBatch {
 			batch = int32(limit - total)
 		}
-		var found []*pb.EntityResult
+		var (
+			found  []*pb.EntityResult
+			readAt time.Time
+		)
 		err := b.retry(ctx, func() error {
+			sent := b.now()
 			res, err := b.rpc.RunQuery(b.ctx(ctx), &pb.RunQueryRequest{
 				ProjectId:   b.project,
 				DatabaseId:  b.database,
@@ -580,7 +948,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 					Filter: &pb.Filter{FilterType: &pb.Filter_PropertyFilter{PropertyFilter: &pb.PropertyFilter{
 						Property: &pb.PropertyReference{Name: propExpiresAt},
 						Op:       pb.PropertyFilter_LESS_THAN_OR_EQUAL,
-						Value:    &pb.Value{ValueType: &pb.Value_TimestampValue{TimestampValue: timestamppb.New(b.clock())}},
+						Value:    &pb.Value{ValueType: &pb.Value_TimestampValue{TimestampValue: timestamppb.New(lo)}},
 					}}},
 					Limit: wrapperspb.Int32(batch),
 				}},
@@ -588,24 +956,35 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 			if err != nil {
 				return err
 			}
+			rt := res.GetBatch().GetReadTime()
+			b.observe(rt, sent, b.now(), true)
+			readAt = time.Time{}
+			if rt != nil && rt.IsValid() {
+				readAt = rt.AsTime()
+			}
 			found = res.GetBatch().GetEntityResults()
 			return nil
 		})
 		if err != nil {
 			return total, fmt.Errorf("datastorelock: purge query: %w", err)
 		}
-		if len(found) == 0 {
-			return total, nil
-		}
 		muts := make([]*pb.Mutation, 0, len(found))
 		for _, r := range found {
+			exp := r.GetEntity().GetProperties()[propExpiresAt].GetTimestampValue()
+			if exp == nil || exp.AsTime().After(lo) || (!readAt.IsZero() && exp.AsTime().After(readAt)) {
+				continue // not expired by the server's reckoning
+			}
 			muts = append(muts, &pb.Mutation{
 				Operation:                 &pb.Mutation_Delete{Delete: r.GetEntity().GetKey()},
 				ConflictDetectionStrategy: &pb.Mutation_BaseVersion{BaseVersion: r.GetVersion()},
 			})
 		}
+		if len(muts) == 0 {
+			return total, nil
+		}
 		var deleted int
 		err = b.retry(ctx, func() error {
+			sent := b.now()
 			res, err := b.rpc.Commit(b.ctx(ctx), &pb.CommitRequest{
 				ProjectId: b.project, DatabaseId: b.database,
 				Mode: pb.CommitRequest_NON_TRANSACTIONAL, Mutations: muts,
@@ -613,6 +992,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 			if err != nil {
 				return err
 			}
+			b.observe(commitTime(res), sent, b.now(), false)
 			deleted = 0
 			for _, mr := range res.MutationResults {
 				if !mr.ConflictDetected {

@@ -12,10 +12,13 @@ import (
 	"testing"
 	"time"
 
+	pb "cloud.google.com/go/datastore/apiv1/datastorepb"
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
@@ -38,13 +41,21 @@ func TestMain(m *testing.M) {
 
 func namespace() string { return fmt.Sprintf("t%016x", rand.Uint64()) }
 
-// rpcs counts the RPCs a backend sends and can make one Commit lose its
-// response after the server applied it.
+// rpcs counts the RPCs a backend sends and can lose a reply after the
+// server applied the request.
 type rpcs struct {
-	mu       sync.Mutex
-	calls    []string
+	mu    sync.Mutex
+	calls []string
+	// loseNext loses the reply of the next RPC, whatever its method.
 	loseNext atomic.Bool
-	lost     atomic.Int32
+	// loseNextCommit loses the reply of the next Commit.
+	loseNextCommit atomic.Bool
+	// dropNextCommit fails the next Commit without sending it.
+	dropNextCommit atomic.Bool
+	lost           atomic.Int32
+	// whileLost, when set, runs after a reply was lost or a request
+	// dropped, before the backend hears of it.
+	whileLost func()
 }
 
 func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -52,10 +63,20 @@ func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc 
 	r.mu.Lock()
 	r.calls = append(r.calls, name)
 	r.mu.Unlock()
-	err := invoker(ctx, method, req, reply, cc, opts...)
-	if err == nil && name == "Commit" && r.loseNext.CompareAndSwap(true, false) {
+	if name == "Commit" && r.dropNextCommit.CompareAndSwap(true, false) {
 		r.lost.Add(1)
-		return status.Error(codes.Unavailable, "injected: the commit applied but its response was lost")
+		if r.whileLost != nil {
+			r.whileLost()
+		}
+		return status.Error(codes.Unavailable, "injected: the commit was lost before it reached the server")
+	}
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
+		r.lost.Add(1)
+		if r.whileLost != nil {
+			r.whileLost()
+		}
+		return status.Error(codes.Unavailable, "injected: the request applied but its reply was lost")
 	}
 	return err
 }
@@ -68,12 +89,64 @@ func (r *rpcs) take() []string {
 	return c
 }
 
+// serverTime stands in for the production service's clock, which the
+// emulator does not report: it fills read_time into Lookup and RunQuery
+// replies and commit_time into Commit replies from a clock of its own.
+type serverTime func() time.Time
+
+func (now serverTime) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+		return err
+	}
+	ts := timestamppb.New(now())
+	switch r := reply.(type) {
+	case *pb.LookupResponse:
+		r.ReadTime = ts
+	case *pb.RunQueryResponse:
+		if r.Batch != nil {
+			r.Batch.ReadTime = ts
+		}
+	case *pb.CommitResponse:
+		r.CommitTime = ts
+	}
+	return nil
+}
+
+// link says how a test backend reaches the emulator.
+type link struct {
+	// server, when set, is the service's clock its replies report.
+	server func() time.Time
+	// proxy, when set, carries its connections.
+	proxy *testsvc.DropProxy
+}
+
 func newBackend(t testing.TB, opts ...datastorelock.Option) (*datastorelock.Backend, *rpcs) {
 	t.Helper()
+	return newBackendVia(t, link{}, opts...)
+}
+
+func newBackendVia(t testing.TB, l link, opts ...datastorelock.Option) (*datastorelock.Backend, *rpcs) {
+	t.Helper()
 	r := &rpcs{}
+	chain := []grpc.UnaryClientInterceptor{r.intercept}
+	if l.server != nil {
+		chain = append(chain, serverTime(l.server).intercept)
+	}
+	client := []option.ClientOption{option.WithGRPCDialOption(grpc.WithChainUnaryInterceptor(chain...))}
+	if l.proxy != nil {
+		// Reconnect soon after a cut: gRPC's default backoff after a failed
+		// connection attempt starts at a second, and the suite cuts every
+		// few tens of milliseconds.
+		client = append(client,
+			option.WithEndpoint("passthrough:///"+l.proxy.Addr()),
+			option.WithGRPCDialOption(grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+				MinConnectTimeout: 2 * time.Second,
+			})))
+	}
 	opts = append([]datastorelock.Option{
 		datastorelock.WithNamespace(namespace()),
-		datastorelock.WithClientOptions(option.WithGRPCDialOption(grpc.WithUnaryInterceptor(r.intercept))),
+		datastorelock.WithClientOptions(client...),
 	}, opts...)
 	b, err := datastorelock.New(context.Background(), project, opts...)
 	if err != nil {
@@ -83,12 +156,32 @@ func newBackend(t testing.TB, opts ...datastorelock.Option) (*datastorelock.Back
 	return b, r
 }
 
+// faults implements storetest.Faults: a lost reply is a gRPC interceptor
+// that lets the server apply the request and then reports Unavailable; a
+// cut closes the TCP connections of a DropProxy between the backend and
+// the emulator.
+type faults struct {
+	r *rpcs
+	p *testsvc.DropProxy
+}
+
+func (f faults) LoseNextReply()  { f.r.loseNext.Store(true) }
+func (f faults) CutConnections() { f.p.CutConnections() }
+
+// contractBackend is a backend for the contract suite, reached through a
+// DropProxy, with Faults.
+func contractBackend(t *testing.T, l link, opts ...datastorelock.Option) (*datastorelock.Backend, storetest.Faults) {
+	l.proxy = testsvc.NewDropProxy(t, testsvc.Datastore(t))
+	b, r := newBackendVia(t, l, opts...)
+	return b, faults{r: r, p: l.proxy}
+}
+
 func TestContract(t *testing.T) {
 	testsvc.Datastore(t)
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-		b, _ := newBackend(t, datastorelock.WithClock(clock.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now}
+		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f}
 	})
 }
 
@@ -96,9 +189,33 @@ func TestContract(t *testing.T) {
 func TestContractRealClock(t *testing.T) {
 	testsvc.Datastore(t)
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		b, _ := newBackend(t, datastorelock.WithTTL(2*time.Second))
-		return storetest.Harness{Backend: b, TTL: 2 * time.Second, Step: 200 * time.Millisecond}
+		b, f := contractBackend(t, link{}, datastorelock.WithTTL(2*time.Second))
+		return storetest.Harness{Backend: b, TTL: 2 * time.Second, Step: 200 * time.Millisecond, Faults: f}
 	})
+}
+
+// skew is how far the client clocks of the server-clock tests are off: more
+// than a lease and more than a ttl.
+const skew = 3 * time.Hour
+
+// The suite again, with replies that carry the server's time (as the
+// production service's do) while the backend's own clock is hours off.
+func TestContractServerClock(t *testing.T) {
+	testsvc.Datastore(t)
+	for name, off := range map[string]time.Duration{"client_ahead": skew, "client_behind": -skew} {
+		t.Run(name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) storetest.Harness {
+				server := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+				b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, off)))
+				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
+			})
+		})
+	}
+}
+
+// skewed is a client clock that reads server's time off by d.
+func skewed(server *fake.Clock, d time.Duration) func() time.Time {
+	return func() time.Time { return server.Now().Add(d) }
 }
 
 func TestNewRefusesBadConfiguration(t *testing.T) {
@@ -152,27 +269,43 @@ func TestNamesAreOneToOneAndFitDatastore(t *testing.T) {
 
 func noop(context.Context) error { return nil }
 
+// RPCs per delivery, on the emulator (the client's clock) and with replies
+// that carry the server's time (the production service).
 func TestRPCsPerDelivery(t *testing.T) {
 	testsvc.Datastore(t)
-	clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	b, r := newBackend(t, datastorelock.WithClock(clock.Now))
-	ctx := t.Context()
-	check := func(what string, want int, run func()) {
-		t.Helper()
-		r.take()
-		run()
-		if calls := r.take(); len(calls) != want {
-			t.Errorf("%s: %d RPCs %v, want %d", what, len(calls), calls, want)
-		}
+	for _, mode := range []string{"client_clock", "server_clock"} {
+		t.Run(mode, func(t *testing.T) {
+			clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
+			var l link
+			if mode == "server_clock" {
+				l.server = clock.Now
+			}
+			b, r := newBackendVia(t, l, datastorelock.WithClock(clock.Now))
+			ctx := t.Context()
+			check := func(what string, want int, run func()) {
+				t.Helper()
+				r.take()
+				run()
+				if calls := r.take(); len(calls) != want {
+					t.Errorf("%s: %d RPCs %v, want %d", what, len(calls), calls, want)
+				}
+			}
+			check("a backend's first delivery (lookup for the clock + insert + versioned update)", 3, func() { idempotency.Lock(ctx, b, "first", noop) })
+			check("fresh key (insert + versioned update)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
+			check("duplicate (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
+			b.Claim(ctx, "crashed", time.Minute)
+			check("held by a live lease (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "crashed", noop) })
+			clock.Advance(2 * time.Minute)
+			if mode == "server_clock" {
+				// The server's time is two minutes old: read first.
+				check("reclaim after the lease (lookup + update, then update)", 3, func() { idempotency.Lock(ctx, b, "crashed", noop) })
+			} else {
+				check("reclaim after the lease (insert refused + lookup + update, then update)", 4, func() { idempotency.Lock(ctx, b, "crashed", noop) })
+			}
+			check("mutex (insert + versioned update)", 2, func() { idempotency.Mutex(ctx, b, "po", noop) })
+			check("mutex again (insert refused + lookup + update, then update)", 4, func() { idempotency.Mutex(ctx, b, "po", noop) })
+		})
 	}
-	check("fresh key (insert + versioned update)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
-	check("duplicate (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
-	b.Claim(ctx, "crashed", time.Minute)
-	check("held by a live lease (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-	clock.Advance(2 * time.Minute)
-	check("reclaim after the lease (insert refused + lookup + update, then update)", 4, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-	check("mutex (insert + versioned update)", 2, func() { idempotency.Mutex(ctx, b, "po", noop) })
-	check("mutex again (insert refused + lookup + update, then update)", 4, func() { idempotency.Mutex(ctx, b, "po", noop) })
 }
 
 func TestAStaleVersionIsFencedOutLikeAStaleFence(t *testing.T) {
@@ -216,7 +349,7 @@ func TestLostCommitResponseIsReaffirmed(t *testing.T) {
 				clock.Advance(2 * time.Minute)
 				want = 2
 			}
-			r.loseNext.Store(true)
+			r.loseNextCommit.Store(true)
 			res, err := b.Claim(ctx, "k", time.Minute)
 			if r.lost.Load() != 1 {
 				t.Fatalf("%d responses lost, want 1", r.lost.Load())
@@ -228,7 +361,7 @@ func TestLostCommitResponseIsReaffirmed(t *testing.T) {
 			if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
 				t.Fatalf("another claim: %v, want held by other", other.Outcome)
 			}
-			r.loseNext.Store(true)
+			r.loseNextCommit.Store(true)
 			if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
 				t.Fatalf("complete after a lost commit response: %v %v", ok, err)
 			}
