@@ -1,7 +1,7 @@
 # The README's two set-up commands are `make demo` and `make test`.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
-.PHONY: test check services demo e2e function-source bench
+.PHONY: test check services demo e2e function-source bench storm
 
 # Everything CI runs: formatting, vet, staticcheck, and every test under the
 # race detector, with every backend against its real server: a missing
@@ -27,6 +27,17 @@ demo:
 # The end-to-end scenarios and the crash storm alone (also part of make test).
 e2e: services
 	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -count=1 -v ./e2e
+
+# The crash storm at scale, on Datastore, Redis and PostgreSQL in turn: at
+# least 1000 orders on 8 instances each, with the figures (orders,
+# instances, deliveries, crashes, kills, re-sends, lost, duplicates) for
+# each backend. STORM_ORDERS, STORM_INSTANCES, STORM_CRASH_RATE,
+# STORM_KILL_EVERY, STORM_LEASE and STORM_BACKEND override the defaults.
+STORM_ORDERS ?= 1000
+STORM_INSTANCES ?= 8
+storm: services
+	STORM_ORDERS=$(STORM_ORDERS) STORM_INSTANCES=$(STORM_INSTANCES) IDEMPOTENCY_REQUIRE_SERVICES=1 \
+		go test -count=1 -v -timeout 3h -run '^TestCrashStorm$$' ./e2e
 
 # The directory to deploy the example function from (see the README).
 function-source:

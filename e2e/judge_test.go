@@ -94,7 +94,7 @@ func TestStormParamsFromFlagsEnvironmentAndDefaults(t *testing.T) {
 	env := map[string]string{}
 	getenv := func(k string) string { return env[k] }
 	p, err := loadStormParams(nil, getenv)
-	if err != nil || p.Orders != 150 || p.Instances != 4 || p.CrashRate != 0.1 || p.KillEvery != 300*time.Millisecond ||
+	if err != nil || p.Orders != 100 || p.Instances != 4 || p.CrashRate != 0.1 || p.KillEvery != 300*time.Millisecond ||
 		p.Lease != 2*time.Second || strings.Join(p.Backends, ",") != "datastore,redis,postgres" {
 		t.Fatalf("defaults: %+v, %v", p, err)
 	}

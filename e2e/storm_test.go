@@ -36,7 +36,7 @@ import (
 var stormSettings = []struct {
 	flag, env, def, usage string
 }{
-	{"storm.orders", "STORM_ORDERS", "150", "orders per storm (a quarter of them published twice)"},
+	{"storm.orders", "STORM_ORDERS", "100", "orders per storm (a quarter of them published twice)"},
 	{"storm.instances", "STORM_INSTANCES", "4", "function instances behind the balancer"},
 	{"storm.crash-rate", "STORM_CRASH_RATE", "0.1", "chance that an instance exits right after a send, before Complete"},
 	{"storm.kill-every", "STORM_KILL_EVERY", "300ms", "how often a random instance is SIGKILLed"},
@@ -162,6 +162,7 @@ type stormResult struct {
 	Problems          []string
 	overrunNotes      []string
 	Took              time.Duration
+	Phases            []time.Duration // since the start: published, 90% supplied, all supplied, quiet
 	Lease             time.Duration
 	CrashRate         float64
 	KillEvery         time.Duration
@@ -170,9 +171,9 @@ type stormResult struct {
 // String is the storm's line of figures.
 func (r stormResult) String() string {
 	return fmt.Sprintf("storm on %s: orders=%d instances=%d deliveries=%d crashes=%d kills=%d re-sends=%d lost=%d duplicates=%d not-done=%d overruns=%d"+
-		" (%d messages on 2 subscriptions, statuses %v, %d supplier calls, lease %v, crash rate %v, a kill every %v, %v)",
+		" (%d messages on 2 subscriptions, statuses %v, %d supplier calls, lease %v, crash rate %v, a kill every %v; %v, phases %v)",
 		r.Backend, r.Orders, r.Instances, r.Deliveries, r.Crashes, r.Kills, r.Resends, r.Lost, r.Duplicates, r.NotDone, r.Overruns,
-		r.Published, r.Statuses, r.Calls, r.Lease, r.CrashRate, r.KillEvery, r.Took.Round(time.Second))
+		r.Published, r.Statuses, r.Calls, r.Lease, r.CrashRate, r.KillEvery, r.Took.Round(time.Second), roundAll(r.Phases))
 }
 
 // The crash storm, on every backend: a fleet of instances of the example
@@ -293,15 +294,19 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 		d, _ := sup.orders()
 		return d
 	}
+	res.Phases = append(res.Phases, time.Since(start))
 	// Kill until nine orders in ten are in, then let the rest settle.
-	waitUntil(time.Minute+time.Duration(p.Orders)*200*time.Millisecond, func() bool { return supplied() >= p.Orders*9/10 })
+	waitUntil(2*time.Minute+time.Duration(p.Orders)*300*time.Millisecond, func() bool { return supplied() >= p.Orders*9/10 })
 	stopKillers()
-	if !waitUntil(time.Minute+time.Duration(p.Orders)*100*time.Millisecond, func() bool { return supplied() == p.Orders }) {
+	res.Phases = append(res.Phases, time.Since(start))
+	if !waitUntil(time.Minute+time.Duration(p.Orders)*200*time.Millisecond, func() bool { return supplied() == p.Orders }) {
 		res.Problems = append(res.Problems, fmt.Sprintf("timed out with %d of %d orders at the supplier", supplied(), p.Orders))
 	}
+	res.Phases = append(res.Phases, time.Since(start))
 	if !f.quiet(5*time.Second, time.Minute+time.Duration(p.Orders)*50*time.Millisecond) {
 		res.Problems = append(res.Problems, fmt.Sprintf("deliveries were still arriving at the end (statuses %v)", f.statusCounts()))
 	}
+	res.Phases = append(res.Phases, time.Since(start))
 
 	res.Deliveries, res.Statuses = f.deliveries.Load(), f.statusCounts()
 	res.Crashes, res.Kills = f.crashes.Load(), f.kills.Load()
@@ -482,8 +487,14 @@ func freshPostgresDatabase(t *testing.T, dsn string) string {
 	}
 	defer db.Close()
 	name := fmt.Sprintf("storm_%d", rand.Uint32())
-	if _, err := db.ExecContext(t.Context(), "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
+	// A server that has just started accepts connections before it
+	// accepts queries ("the database system is starting up").
+	var err2 error
+	if !waitUntil(time.Minute, func() bool {
+		_, err2 = db.ExecContext(t.Context(), "CREATE DATABASE "+name)
+		return err2 == nil
+	}) {
+		t.Fatalf("creating the storm's database: %v", err2)
 	}
 	t.Cleanup(func() {
 		db, err := sql.Open("pgx", dsn)
@@ -536,6 +547,14 @@ func notDoneKeys(t *testing.T, backendEnv []string, keys []string) map[string]st
 	close(next)
 	wg.Wait()
 	return bad
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(100 * time.Millisecond)
+	}
+	return out
 }
 
 // waitUntil polls cond until it holds (true) or timeout passes (false).
