@@ -829,11 +829,11 @@ func purge(t *testing.T, e *env) {
 	if n < 1 {
 		t.Fatalf("PurgeExpired removed %d records, want at least the expired one", n)
 	}
+	e.expect(done, store.AlreadyDone)
+	e.expect(held, store.HeldByOther)
 	if c := e.won(expired, e.long()); c.Fence != 1 {
 		t.Fatalf("expired key after purge: fence %d, want 1 (a fresh record)", c.Fence)
 	}
-	e.expect(done, store.AlreadyDone)
-	e.expect(held, store.HeldByOther)
 	// A lapsed lease is not an expired record: it lives for the ttl past
 	// its lease, so the lapsed holder's fence stays unique.
 	if c := e.won(lapsed, e.long()); c.Fence != 2 {
