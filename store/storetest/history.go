@@ -113,7 +113,7 @@ type historyT interface {
 }
 
 // historyCase is the suite's rule.
-func historyCase(t *testing.T, e *env) { checkHistory(t, e.h, HistoryOptions{}) }
+func historyCase(t *testing.T, e *env) { checkHistory(t, e.h, HistoryOptions{Ops: e.h.HistoryOps}) }
 
 type historyRun struct {
 	t      historyT
@@ -135,6 +135,7 @@ type historyRun struct {
 
 	left  atomic.Int64 // calls still to make
 	calls atomic.Int64 // calls made
+	busy  atomic.Int64 // calls in flight
 	seq   atomic.Int64 // porcupine's order of call and return events
 
 	lostReplies, cuts, purges, purged, purgeErrs atomic.Int64
@@ -248,8 +249,8 @@ func checkHistory(t historyT, h Harness, o HistoryOptions) historyStats {
 
 // advance moves the backend's clock on by perCall for every call made, in
 // steps of at most a quarter Step, while calls are in flight. When no call
-// is made for a millisecond (every client is waiting for time to pass), it
-// moves the clock on by idle.
+// is in flight for a millisecond (every client is waiting for time to
+// pass), it moves the clock on by idle.
 func (r *historyRun) advance(perCall, idle time.Duration) {
 	var applied int64
 	quiet := time.Now()
@@ -265,6 +266,10 @@ func (r *historyRun) advance(perCall, idle time.Duration) {
 		case n > applied:
 			d = time.Duration(n-applied) * perCall
 			quiet = time.Now()
+		case r.busy.Load() > 0:
+			quiet = time.Now()
+			time.Sleep(20 * time.Microsecond)
+			continue
 		case time.Since(quiet) > time.Millisecond:
 			d = idle
 			quiet = time.Now()
@@ -451,6 +456,8 @@ func (r *historyRun) call(in hInput, log *clientLog, f func(ctx context.Context)
 		}
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, opTimeout)
+	r.busy.Add(1)
+	defer r.busy.Add(-1)
 	in.from = r.h.Now().UnixNano()
 	call := r.seq.Add(1)
 	out := f(ctx)

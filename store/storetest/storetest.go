@@ -67,6 +67,13 @@ type Harness struct {
 	// Harness's Backend only (a proxy per case, for example): cases run in
 	// parallel, and a reply lost on another case's call fails that case.
 	Faults Faults
+
+	// HistoryOps is how many calls the history case
+	// (concurrent_histories_are_linearizable_with_leases_that_lapse, see
+	// CheckHistory) makes. Zero means 10,000. A harness whose server is
+	// slow may lower it for some of its runs, so long as one run of the
+	// backend keeps at least 10,000.
+	HistoryOps int
 }
 
 // Faults breaks the path between a backend and its server. Both methods
