@@ -497,10 +497,11 @@ func (r *historyRun) claim(id, k int, lease time.Duration, log *clientLog) (stor
 		return store.Result{}, false
 	}
 	if out.outcome == store.Won {
-		// A backend that retries may have won once before, lost the reply,
-		// and won afresh after its first lease lapsed.
+		// A backend that retries may have won once before and lost the
+		// reply, then renewed its own claim or won afresh after its first
+		// lease lapsed.
 		op := log.ops[len(log.ops)-1]
-		op.Output = hOutput{unknown: true, before: true}
+		op.Output = hOutput{unknown: true, before: true, token: out.token}
 		log.ops = append(log.ops, op)
 	}
 	if out.outcome == store.Won && won.Key != key {
@@ -727,7 +728,7 @@ func (m *model) counterexample(ops []porcupine.Operation) string {
 	if i < len(rets) {
 		prefix = cut(rets[i])
 		for _, op := range prefix {
-			if op.Return == rets[i] {
+			if op.Return == rets[i] && !op.Output.(hOutput).before {
 				culprit = &op
 			}
 		}
@@ -751,7 +752,7 @@ func (m *model) counterexample(ops []porcupine.Operation) string {
 	}
 	for _, op := range shown {
 		mark := "  "
-		if culprit != nil && op.Call == culprit.Call {
+		if culprit != nil && op.Call == culprit.Call && !op.Output.(hOutput).before {
 			mark = "=>"
 		}
 		fmt.Fprintf(&b, "  %s client %d: %s\n", mark, op.ClientId, m.describeOp(op.Input.(hInput), op.Output.(hOutput)))

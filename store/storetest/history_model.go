@@ -59,7 +59,8 @@ type hOutput struct {
 	// before marks what a call that retried inside the backend may have
 	// done before its answer: a Claim that answered Won may have won once
 	// already, lost that reply, and found its lease overtaken when it tried
-	// again; an Extend may have extended the claim once before its answer
+	// again, or found it and renewed its lease (same fence, same token);
+	// an Extend may have extended the claim once before its answer
 	// (ErrLost, or a later extension). It took effect, if at all, within the call. (A Claim that
 	// answers HeldByOther or AlreadyDone gets no such allowance: the port
 	// forbids that answer when the call may have won.)
@@ -243,12 +244,21 @@ func (m *model) claim(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		if !ok {
 			return nil
 		}
-		return []rec{m.claimed(f, "?", at+int64(in.lease), hi+int64(in.lease))}
+		token := "?"
+		if out.before {
+			token = out.token // the same call's token: its retries reuse it
+		}
+		return []rec{m.claimed(f, token, at+int64(in.lease), hi+int64(in.lease))}
 	}
 	switch out.outcome {
 	case store.Won:
 		at := out.expiry - int64(in.lease) // the backend's now when it judged
-		f, _, ok := m.claimable(r, max(from, at-m.tol), min(hi, at+m.tol))
+		a, b := max(from, at-m.tol), min(hi, at+m.tol)
+		if r.exists && !r.done && r.token == out.token && r.fence == out.fence && a <= b {
+			// A retry of this call found its own claim and renewed it.
+			return []rec{m.claimed(r.fence, out.token, out.expiry, out.expiry)}
+		}
+		f, _, ok := m.claimable(r, a, b)
 		if !ok || f != out.fence {
 			return nil
 		}
