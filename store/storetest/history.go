@@ -75,13 +75,15 @@ const opTimeout = 10 * time.Second
 // they claim with short leases; when they win they complete, release,
 // extend (when the backend is a store.Extender), keep working until the
 // lease lapses, or crash and come back later as zombies that complete or
-// release an old claim. Leases lapse and ttls end during the run: with
-// h.Advance, a goroutine moves the clock forward in small steps while calls
-// are in flight, in pace with the calls; without it, the clients pause
-// between calls so that the run lasts a few ttls of real time (so a real
-// clock harness should keep its TTL at a second or two). With h.Faults,
-// replies are lost and connections cut at random; a call that returns an
-// error is recorded with an unknown outcome.
+// release (or extend) an old claim; once a key is done they mostly move on
+// to a fresh key, and come back to old ones as redeliveries do. Leases lapse
+// and ttls end during the run: with h.Advance, a goroutine moves the clock
+// forward in small steps while calls are in flight, in pace with the calls;
+// without it, calls are paced so that the run lasts about two and a half
+// ttls of real time (so a real-clock harness should keep its TTL at a
+// second or two). With h.Faults, replies are lost and connections cut at
+// random; a call that returns an error is recorded with an unknown outcome.
+// When the backend is a store.Purger, PurgeExpired runs now and then.
 //
 // Every call is recorded with its window on the backend's clock (h.Now
 // before and after it). The checker (github.com/anishathalye/porcupine)
@@ -94,6 +96,16 @@ const opTimeout = 10 * time.Second
 // none, the run fails with the shortest failing prefix of the offending
 // key's history and writes porcupine's visualization of it to a file that
 // the message names.
+//
+// What a correct backend may do and the check allows: stamp a call with any
+// instant of its window, not necessarily in the order in which it
+// serializes the calls (a database's statement time); refuse a Complete,
+// Release or Extend whose fence matches a record created afresh after the
+// old one expired, when it also checks the claim token; and, when it
+// retries inside a call, win or extend once before the answer it gives
+// (Won, or an Extend's answer), or find its own claim and renew its lease.
+// It never allows a Claim to answer HeldByOther or AlreadyDone when the
+// call may have won.
 //
 // h must be valid for Run. When h.Faults is set, the backend and its fault
 // path must not be shared with other tests running at the same time.
