@@ -56,9 +56,8 @@
 //     the request that brought it was sent. A lease therefore runs for at
 //     least its length from the server's now when the claim was sent (a few
 //     milliseconds longer, by the latency of that earlier request), and the
-//     LeaseExpiry a claim reports is exactly the one stored. A Release sets
-//     the lease to the matching lower bound (server time plus the time since
-//     that reply arrived), so the key is reclaimable at once.
+//     LeaseExpiry a claim reports is exactly the one stored. A Release
+//     sets the lease to the same estimate of the server's now.
 //   - An estimate older than a minute is not trusted (clock rates drift):
 //     Claim then reads the record before it writes, and Complete, Release,
 //     Extend and PurgeExpired read before they write, which costs one RPC
@@ -83,13 +82,15 @@
 // Every RPC is retried after Unavailable, Aborted, ResourceExhausted,
 // Internal or DeadlineExceeded (WithRetries). A retried write may have
 // applied although its reply was lost; the token of the Claim call tells
-// its own write apart. When a retry finds the record in other hands (or
-// gone) at a time when, had the lost write applied, others could already
-// have taken the key from it, Claim cannot tell whether it won and returns
-// an error, never HeldByOther or AlreadyDone; Complete does the same. A
-// Claim whose own write landed but whose lease lapsed before the call could
-// answer returns an error too, never a lapsed lease. Complete, Release and
-// Extend recognise their own lost write and do not apply it twice.
+// its own write apart, and a Claim that finds it answers Won with it (its
+// lease may have lapsed meanwhile, as it may while any reply travels). When
+// a retry finds the record in other hands (or gone) at a time when, had the
+// lost write applied, others could already have taken the key from it,
+// Claim cannot tell whether it won and returns an error, never HeldByOther
+// or AlreadyDone; Complete does the same. A Claim whose own record expired
+// before the call could answer returns an error too: the record could be
+// deleted at any moment and the fence start again at 1. Complete, Release
+// and Extend recognise their own lost write and do not apply it twice.
 package datastorelock
 
 import (
@@ -623,8 +624,8 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 					pending, lost = later(pending, rec.lease), lostNow
 				}
 				if err == nil {
-					if b.lapsed(rec, lost) {
-						return store.Result{}, b.lapsedErr(key, rec, lost)
+					if b.expired(rec, lost) {
+						return store.Result{}, b.expiredErr(key, rec, lost)
 					}
 					return won(key, rec, v), nil
 				}
@@ -650,14 +651,16 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		}
 		mine := cur.token == token
 		switch {
-		case mine && cur.state == stateClaimed && now.Before(cur.lease):
-			// An earlier try of this call won; its reply was lost.
+		case mine && cur.state == stateClaimed && now.Before(cur.exp):
+			// An earlier try of this call won; its reply was lost. Its
+			// lease may have lapsed while the call retried, as it may
+			// while any reply travels: the claim is answered as it was
+			// won (a renewal would be a second effect of one call).
 			return won(key, cur, cur.version), nil
 		case mine:
-			// It won, but its lease lapsed while the call retried: anyone
-			// may take the key now. Renewing it would be a second effect
-			// of one call; answering Won would hand out a lapsed lease.
-			return store.Result{}, b.lapsedErr(key, cur, lost)
+			// It won, but the record expired while the call retried: it
+			// may be deleted at any moment and the fence start again at 1.
+			return store.Result{}, b.expiredErr(key, cur, lost)
 		case lost != nil && !now.Before(pending):
 			return store.Result{}, fmt.Errorf("datastorelock: claim %q: outcome unknown: a write of this call may have won the key "+
 				"with a lease to %v, and the record, found in other hands at %v, could have changed hands since: %w",
@@ -686,8 +689,8 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 			return store.Result{}, b.unknown(key, err)
 		}
 		if applied {
-			if b.lapsed(next, lost) {
-				return store.Result{}, b.lapsedErr(key, next, lost)
+			if b.expired(next, lost) {
+				return store.Result{}, b.expiredErr(key, next, lost)
 			}
 			return won(key, next, v), nil
 		}
@@ -698,24 +701,26 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	return store.Result{}, fmt.Errorf("datastorelock: claim %q: still contended after %d rounds", key, maxRounds)
 }
 
-// lapsed reports whether a claim that this call wrote after a lost reply
-// (lost is not nil) has a lease that lapsed before the call could answer.
-// Its record may even have expired, been purged and been written again by
-// the retry: the call must not hand it out.
-func (b *Backend) lapsed(r record, lost error) bool {
+// expired reports whether a claim that this call wrote after a lost reply
+// (lost is not nil) belongs to a record past its expires-at instant: the
+// retries outlasted lease and ttl, and the record may have been purged and
+// written again by a retried insert. It may be deleted at any moment, and
+// the next claim would start again at fence 1: the call must not hand it
+// out.
+func (b *Backend) expired(r record, lost error) bool {
 	if lost == nil {
 		return false
 	}
 	lo, _, ok := b.times()
-	return !ok || !lo.Before(r.lease)
+	return !ok || !lo.Before(r.exp)
 }
 
-func (b *Backend) lapsedErr(key string, r record, lost error) error {
+func (b *Backend) expiredErr(key string, r record, lost error) error {
 	if lost == nil {
 		lost = errors.New("reply lost")
 	}
-	return fmt.Errorf("datastorelock: claim %q: this call won fence %d, but a reply was lost and its lease lapsed at %v "+
-		"before the call could answer (the key is free to claim): %w", key, r.fence, r.lease, lost)
+	return fmt.Errorf("datastorelock: claim %q: this call won fence %d, but a reply was lost and the record expired at %v "+
+		"before the call could answer (the key is free to claim): %w", key, r.fence, r.exp, lost)
 }
 
 func won(key string, r record, version int64) store.Result {
@@ -860,18 +865,19 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 }
 
 // Release implements store.Backend: one versioned update when the claim is
-// unchanged. The lease is set to the lower bound of the server's time, so
-// the key is reclaimable at once.
+// unchanged. The lease is set to the server's time (its upper bound) when
+// the update is sent, so the key is reclaimable once the update applies
+// (give or take the latency of the request that brought the estimate).
 func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
-	_, err := b.change(ctx, c, func(cur record, lo, hi time.Time) (record, bool) {
+	_, err := b.change(ctx, c, func(cur record, _, hi time.Time) (record, bool) {
 		if !holds(cur, c) || cur.state != stateClaimed {
 			return cur, false
 		}
 		cur.fence++
-		cur.lease, cur.exp = lo, hi.Add(b.ttl)
+		cur.lease, cur.exp = hi, hi.Add(b.ttl)
 		return cur, true
 	})
 	if err != nil {

@@ -94,17 +94,20 @@ func TestClaimRetriedWithinItsLeaseTellsAndAnswers(t *testing.T) {
 	}
 }
 
-// A Claim whose own write landed (its reply lost) but whose retries
-// outlast the lease it wrote returns an error, never Won with a lease that
-// has lapsed: anyone may take the key by then, and if the record expired
-// and was purged meanwhile, the retried insert writes it again, expired.
-func TestClaimWhoseLeaseLapsedWhileRetryingFails(t *testing.T) {
+// A Claim whose own write landed (its reply lost) and whose retries
+// outlast the lease it wrote answers Won with that claim, as the port
+// says (same fence, the lease it wrote), when nobody took the key; but
+// when the retries also outlast the ttl, and the record was purged and the
+// retried insert wrote it again, already expired, it returns an error: the
+// record may go at any moment and the fence start again at 1.
+func TestClaimWhoseRecordExpiredWhileRetryingFails(t *testing.T) {
 	testsvc.Datastore(t)
 	const lease = time.Minute
-	for _, then := range []string{"kept", "purged"} {
+	for _, then := range []string{"lease_lapsed", "purged"} {
 		t.Run(then, func(t *testing.T) {
 			ctx := t.Context()
 			a, ra, b, clock := twoOnOneClock(t)
+			start := clock.Now()
 			ra.loseNextCommit.Store(true)
 			ra.whileLost = func() {
 				clock.Advance(lease + time.Second)
@@ -116,8 +119,15 @@ func TestClaimWhoseLeaseLapsedWhileRetryingFails(t *testing.T) {
 				}
 			}
 			res, err := a.Claim(ctx, "k", lease)
+			if then == "lease_lapsed" {
+				if err != nil || res.Outcome != store.Won || res.Claim.Fence != 1 || !res.Claim.LeaseExpiry.Equal(start.Add(lease)) {
+					t.Fatalf("claim: %v fence %d until %v, %v; want won with fence 1 until %v (the claim it made)",
+						res.Outcome, res.Claim.Fence, res.Claim.LeaseExpiry, err, start.Add(lease))
+				}
+				return
+			}
 			if err == nil {
-				t.Fatalf("claim: %v fence %d lease until %v (now %v); want an error, not a lapsed lease",
+				t.Fatalf("claim: %v fence %d lease until %v (now %v); want an error, not an expired record",
 					res.Outcome, res.Claim.Fence, res.Claim.LeaseExpiry, clock.Now())
 			}
 			t.Logf("claim: %v", err)
