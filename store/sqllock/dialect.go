@@ -106,7 +106,8 @@ var SQLite = &Dialect{
 	expires_at_ms   INTEGER NOT NULL,
 	token           TEXT NOT NULL
 )`,
-		`CREATE INDEX IF NOT EXISTS {I} ON {T} (expires_at_ms)`,
+		// SQLite qualifies the index, not its table, with the schema.
+		`CREATE INDEX IF NOT EXISTS {SI} ON {TN} (expires_at_ms)`,
 	},
 	upsert: `INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
 VALUES (?1, 1, 1, {NOW} + ?2, {NOW} + ?2 + ?3, ?4)
@@ -212,6 +213,8 @@ func (d *Dialect) render(table string) statements {
 	r := strings.NewReplacer(
 		"{T}", strings.Join(quoted, "."),
 		"{I}", d.quote(indexName(parts[len(parts)-1])),
+		"{SI}", strings.Join(append(quoted[:len(quoted)-1:len(quoted)-1], d.quote(indexName(parts[len(parts)-1]))), "."),
+		"{TN}", quoted[len(quoted)-1],
 		"{NOW}", d.now,
 	)
 	s := statements{
