@@ -48,17 +48,27 @@
 // lease that has lapsed already:
 //
 //   - A Lookup judges the record it read by the reply's read_time.
-//   - A write stores instants computed from an estimate of the server's time
-//     that is never earlier than the server's time when the request was
-//     sent: the latest server timestamp seen (read_time of a Lookup or
-//     RunQuery, commit_time of a Commit, else the update_time of an applied
-//     mutation) plus the time elapsed on this process's monotonic clock since
-//     the request that brought it was sent. A lease therefore runs for at
-//     least its length from the server's now when the claim was sent (a few
-//     milliseconds longer, by the latency of that earlier request), and the
-//     LeaseExpiry a claim reports is exactly the one stored. A Release
-//     sets the lease to the same estimate of the server's now.
-//   - An estimate older than a minute is not trusted (clock rates drift):
+//   - A write that follows a read in the same call (a reclaim; Complete,
+//     Release or Extend after a conflict) bases its instants on that read's
+//     read_time carried forward by the time elapsed since its reply
+//     arrived: an instant between the read and the server's now.
+//   - Any other write (the insert of a fresh key; Complete, Release and
+//     Extend on their first try) bases them on an estimate that is never
+//     earlier than the server's time when the request is sent: a server
+//     timestamp seen (read_time of a Lookup or RunQuery, commit_time of a
+//     Commit, else the update_time of an applied mutation) plus the time
+//     elapsed on this process's monotonic clock since the request that
+//     brought it was sent, the least such bound of the last minute (it runs
+//     ahead by the one-way latency of the fastest recent request, a
+//     millisecond or so). When the commit's own timestamp shows that the
+//     estimate ran ahead of it by more than 100ms, the call reports an
+//     unknown outcome (an error) rather than instants outside its span.
+//   - Either way a lease runs for at least its length from a server instant
+//     within the Claim call, and the LeaseExpiry a claim reports is exactly
+//     the one stored; a Done record's ttl runs from an instant within the
+//     Complete call.
+//   - An estimate older than a minute is not trusted (clock rates drift by
+//     up to a few milliseconds a minute):
 //     Claim then reads the record before it writes, and Complete, Release,
 //     Extend and PurgeExpired read before they write, which costs one RPC
 //     after an idle minute. The first Claim of a Backend reads first for the
@@ -355,13 +365,33 @@ const (
 )
 
 // serverClock estimates the service's clock from the timestamps its replies
-// carry.
+// carry. Each reply bounds the server's time: no later than its timestamp
+// plus the time elapsed since its request was sent, no earlier than its
+// timestamp plus the time elapsed since the reply arrived. It keeps the
+// tightest of each bound seen within maxObservationAge, so one slow reply
+// does not stretch the estimate.
 type serverClock struct {
-	mu   sync.Mutex
-	mode clockMode
-	at   time.Time // the latest server timestamp
-	sent time.Time // the client's clock when the request that brought it was sent
-	recv time.Time // the client's clock when its reply arrived
+	mu     sync.Mutex
+	mode   clockMode
+	hi, lo observation
+}
+
+// observation is a server timestamp and the client's clock when the
+// request that brought it was sent and when its reply arrived.
+type observation struct {
+	at, sent, recv time.Time
+}
+
+// upper and lower are the bounds o sets on the server's time at the
+// client's now (which, like sent and recv, carries time.Now's monotonic
+// reading when it comes from time.Now).
+func (o observation) upper(now time.Time) time.Time { return o.at.Add(now.Sub(o.sent)) }
+func (o observation) lower(now time.Time) time.Time { return o.at.Add(now.Sub(o.recv)) }
+
+// stale reports whether o is missing or too old to base an estimate on.
+func (o observation) stale(now time.Time) bool {
+	age := now.Sub(o.recv)
+	return o.recv.IsZero() || age < 0 || age > maxObservationAge
 }
 
 // observe records the server timestamp ts of a reply (nil when it carries
@@ -378,15 +408,18 @@ func (b *Backend) observe(ts *timestamppb.Timestamp, sent, recv time.Time, read 
 		return
 	}
 	b.sc.mode = modeServer
-	if b.sc.recv.IsZero() || !recv.Before(b.sc.recv) {
-		b.sc.at, b.sc.sent, b.sc.recv = ts.AsTime(), sent, recv
+	o := observation{at: ts.AsTime(), sent: sent, recv: recv}
+	if b.sc.hi.stale(recv) || o.upper(recv).Before(b.sc.hi.upper(recv)) {
+		b.sc.hi = o
+	}
+	if b.sc.lo.stale(recv) || o.lower(recv).After(b.sc.lo.lower(recv)) {
+		b.sc.lo = o
 	}
 }
 
-// times returns a lower and an upper bound of the server's time now: the
-// latest server timestamp plus the time elapsed since its reply arrived, and
-// since its request was sent. ok is false when there is no recent server
-// timestamp (read first). With the client's clock both bounds are its now.
+// times returns a lower and an upper bound of the server's time now. ok is
+// false when there is no recent server timestamp (read first). With the
+// client's clock both bounds are its now.
 func (b *Backend) times() (lo, hi time.Time, ok bool) {
 	b.sc.mu.Lock()
 	defer b.sc.mu.Unlock()
@@ -396,15 +429,28 @@ func (b *Backend) times() (lo, hi time.Time, ok bool) {
 		return now, now, true
 	case modeServer:
 		now := b.now()
-		sinceRecv := now.Sub(b.sc.recv)
-		if sinceRecv < 0 || sinceRecv > maxObservationAge {
+		if b.sc.hi.stale(now) || b.sc.lo.stale(now) {
 			return time.Time{}, time.Time{}, false
 		}
-		lo = b.sc.at.Add(sinceRecv).Truncate(time.Microsecond)
-		hi = b.sc.at.Add(now.Sub(b.sc.sent) + time.Microsecond - 1).Truncate(time.Microsecond)
+		lo = b.sc.lo.lower(now).Truncate(time.Microsecond)
+		hi = b.sc.hi.upper(now).Add(time.Microsecond - 1).Truncate(time.Microsecond)
 		return lo, hi, true
 	}
 	return time.Time{}, time.Time{}, false
+}
+
+// estimateSlack is how far the estimate of the server's time that a write
+// was based on may run ahead of the time the service gave the commit
+// (outbound latency, clock drift) before the write counts as misplaced.
+const estimateSlack = 100 * time.Millisecond
+
+// misplaced reports whether a write based on the estimate base landed at
+// server time at (zero when unknown) that is well before base: the
+// estimate ran ahead (it was taken from a request that was slow to
+// arrive), so the write's instants lie after the call. Its outcome is
+// then reported as unknown rather than with instants the call did not see.
+func misplaced(base, at time.Time) bool {
+	return !at.IsZero() && base.After(at.Add(estimateSlack))
 }
 
 // errNoServerTime reports a reply without the server's time from a service
@@ -464,13 +510,34 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 	}
 }
 
+// reading is when a read was judged: the server's read_time when the reply
+// carried one (exact), else the estimate judge fell back on; and the
+// client's clock when the reply arrived.
+type reading struct {
+	at, recv time.Time
+	exact    bool
+}
+
+// after returns the instant to base a write that follows read rd on: the
+// read's read_time carried forward by the time elapsed since its reply
+// arrived, which lies between the read and the server's now. Without a
+// read_time, the upper bound of the server's time (the client's clock on
+// the emulator).
+func (b *Backend) after(rd reading) (time.Time, bool) {
+	if rd.exact {
+		return rd.at.Add(max(b.now().Sub(rd.recv), 0)).Truncate(time.Microsecond), true
+	}
+	_, hi, ok := b.times()
+	return hi, ok
+}
+
 // lookup reads the record for key; found is false when it does not exist.
-// now is the instant to judge it by (see judge).
-func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, now time.Time, err error) {
+// rd.at is the instant to judge it by (see judge).
+func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, rd reading, err error) {
 	return b.lookupKey(ctx, b.dsKey(key))
 }
 
-func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found bool, now time.Time, err error) {
+func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found bool, rd reading, err error) {
 	err = b.retry(ctx, func() error {
 		sent := b.now()
 		res, err := b.rpc.Lookup(b.ctx(ctx), &pb.LookupRequest{
@@ -481,8 +548,10 @@ func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found boo
 		if err != nil {
 			return err
 		}
-		b.observe(res.GetReadTime(), sent, b.now(), true)
-		if now, err = b.judge(res.GetReadTime()); err != nil {
+		rd.recv = b.now()
+		b.observe(res.GetReadTime(), sent, rd.recv, true)
+		rd.exact = res.GetReadTime() != nil && res.GetReadTime().IsValid()
+		if rd.at, err = b.judge(res.GetReadTime()); err != nil {
 			return err
 		}
 		if len(res.Deferred) > 0 {
@@ -496,7 +565,7 @@ func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found boo
 		found = err == nil
 		return err
 	})
-	return r, found, now, err
+	return r, found, rd, err
 }
 
 // probeName is an entity name that Name never returns ("!" is not in the
@@ -543,12 +612,13 @@ func mayHaveApplied(err error) bool {
 }
 
 // write commits one mutation outside any transaction and returns the
-// entity's new version; applied is false when base_version conflicted.
+// entity's new version and the commit's server time (zero when the reply
+// carries none); applied is false when base_version conflicted.
 // AlreadyExists (an insert of an existing key) is returned as is. lost is
 // the error of the latest attempt that failed in a way that leaves open
 // whether the server applied it: then the mutation may have applied even
 // when err is set or applied is false (a retry finds its own write).
-func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, applied bool, lost, err error) {
+func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, applied bool, at time.Time, lost, err error) {
 	err = b.retry(ctx, func() error {
 		sent := b.now()
 		res, err := b.rpc.Commit(b.ctx(ctx), &pb.CommitRequest{
@@ -563,7 +633,11 @@ func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, app
 			}
 			return err
 		}
-		b.observe(commitTime(res), sent, b.now(), false)
+		ct := commitTime(res)
+		b.observe(ct, sent, b.now(), false)
+		if ct != nil && ct.IsValid() {
+			at = ct.AsTime()
+		}
 		if len(res.MutationResults) != 1 {
 			return fmt.Errorf("commit returned %d mutation results, want 1", len(res.MutationResults))
 		}
@@ -571,7 +645,7 @@ func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, app
 		version, applied = mr.Version, !mr.ConflictDetected
 		return nil
 	})
-	return version, applied, lost, err
+	return version, applied, at, lost, err
 }
 
 func insert(e *pb.Entity) *pb.Mutation {
@@ -619,13 +693,17 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 			if _, hi, ok := b.times(); ok {
 				rec := record{state: stateClaimed, fence: 1, lease: hi.Add(lease), token: token}
 				rec.exp = rec.lease.Add(b.ttl)
-				v, _, lostNow, err := b.write(ctx, insert(b.entity(key, rec)))
+				v, _, at, lostNow, err := b.write(ctx, insert(b.entity(key, rec)))
 				if lostNow != nil {
 					pending, lost = later(pending, rec.lease), lostNow
 				}
 				if err == nil {
 					if b.expired(rec, lost) {
 						return store.Result{}, b.expiredErr(key, rec, lost)
+					}
+					if misplaced(hi, at) {
+						return store.Result{}, b.unknown(key, fmt.Errorf("the claim was written with a lease from %v, "+
+							"an estimate of the server's time that ran ahead of the commit at %v", hi, at))
 					}
 					return won(key, rec, v), nil
 				}
@@ -634,10 +712,11 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 				}
 			}
 		}
-		cur, found, now, err := b.lookup(ctx, key)
+		cur, found, rd, err := b.lookup(ctx, key)
 		if err != nil {
 			return store.Result{}, b.unknown(key, err)
 		}
+		now := rd.at
 		if !found {
 			// Never written, or deleted after it expired. Had a lost write
 			// of this call landed, the record would stay until at least its
@@ -670,14 +749,15 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		case cur.state == stateClaimed && now.Before(cur.lease):
 			return store.Result{Outcome: store.HeldByOther, Until: cur.lease}, nil
 		}
-		// Reclaimable.
-		_, hi, ok := b.times()
+		// Reclaimable: the new lease runs from the read that judged it,
+		// carried forward to the update.
+		base, ok := b.after(rd)
 		if !ok {
 			return store.Result{}, b.unknown(key, errNoServerTime)
 		}
-		next := record{state: stateClaimed, fence: cur.fence + 1, lease: hi.Add(lease), token: token}
+		next := record{state: stateClaimed, fence: cur.fence + 1, lease: base.Add(lease), token: token}
 		next.exp = next.lease.Add(b.ttl)
-		v, applied, lostNow, err := b.write(ctx, update(b.entity(key, next), cur.version))
+		v, applied, _, lostNow, err := b.write(ctx, update(b.entity(key, next), cur.version))
 		if lostNow != nil {
 			pending, lost = later(pending, next.lease), lostNow
 		}
@@ -769,14 +849,14 @@ type changed struct {
 }
 
 // change applies f to the record of claim c with a versioned update. f sees
-// the current record and bounds of the server's time now, and says what to
-// write, or stops. Only the claim's fence and token entitle a change.
+// the current record and the server's time now (its upper bound), and says
+// what to write, or stops. Only the claim's fence and token entitle a change.
 //
 // When the claim carries the entity's version and the server's time is
 // known, the first round trusts the claim's own view of the record and
 // skips the lookup: if the record changed since, the versioned update does
 // not apply, and the next round reads it.
-func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record, lo, hi time.Time) (next record, write bool)) (changed, error) {
+func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record, now time.Time) (next record, write bool)) (changed, error) {
 	cur := fromClaim(c, b.ttl)
 	known := c.Rev != 0
 	var (
@@ -785,33 +865,35 @@ func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record, 
 		sent    []record // what the writes whose replies were lost carried
 	)
 	for range maxRounds {
-		lo, hi, fresh := b.times()
+		_, now, fresh := b.times()
+		read := false
 		if !known || !fresh {
-			r, found, now, err := b.lookup(ctx, c.Key)
+			r, found, rd, err := b.lookup(ctx, c.Key)
 			if err != nil {
 				return changed{}, err
 			}
+			readAt := rd.at
 			if found && slices.ContainsFunc(sent, func(s record) bool { return sameRecord(s, r) }) {
 				// A write of this call landed; its reply was lost. Writing
 				// again would be a second effect.
 				return changed{rec: r, found: true, wrote: true}, nil
 			}
-			if lost != nil && (!found || !holds(r, c)) && !now.Before(pending) {
+			if lost != nil && (!found || !holds(r, c)) && !readAt.Before(pending) {
 				return changed{rec: r, found: found, unsure: true, lost: lost}, nil
 			}
 			if !found {
 				return changed{}, nil
 			}
-			cur, known = r, true
-			if lo, hi, fresh = b.times(); !fresh {
+			cur, known, read = r, true, true
+			if now, fresh = b.after(rd); !fresh {
 				return changed{}, errNoServerTime
 			}
 		}
-		next, write := f(cur, lo, hi)
+		next, write := f(cur, now)
 		if !write {
 			return changed{rec: cur, found: true}, nil
 		}
-		v, applied, lostNow, err := b.write(ctx, update(b.entity(c.Key, next), cur.version))
+		v, applied, at, lostNow, err := b.write(ctx, update(b.entity(c.Key, next), cur.version))
 		if lostNow != nil {
 			pending, lost, sent = later(pending, takeable(next)), lostNow, append(sent, next)
 		}
@@ -823,6 +905,10 @@ func (b *Backend) change(ctx context.Context, c store.Claim, f func(cur record, 
 			return changed{}, err
 		}
 		if applied {
+			if !read && misplaced(now, at) {
+				return changed{}, fmt.Errorf("outcome unknown: written with instants from %v, an estimate of the server's time "+
+					"that ran ahead of the commit at %v", now, at)
+			}
 			next.version = v
 			return changed{rec: next, found: true, wrote: true}, nil
 		}
@@ -847,11 +933,11 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	res, err := b.change(ctx, c, func(cur record, _, hi time.Time) (record, bool) {
+	res, err := b.change(ctx, c, func(cur record, now time.Time) (record, bool) {
 		if !holds(cur, c) || cur.state == stateDone {
 			return cur, false
 		}
-		cur.state, cur.exp = stateDone, hi.Add(b.ttl)
+		cur.state, cur.exp = stateDone, now.Add(b.ttl)
 		return cur, true
 	})
 	if err != nil {
@@ -872,12 +958,12 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
-	_, err := b.change(ctx, c, func(cur record, _, hi time.Time) (record, bool) {
+	_, err := b.change(ctx, c, func(cur record, now time.Time) (record, bool) {
 		if !holds(cur, c) || cur.state != stateClaimed {
 			return cur, false
 		}
 		cur.fence++
-		cur.lease, cur.exp = hi, hi.Add(b.ttl)
+		cur.lease, cur.exp = now, now.Add(b.ttl)
 		return cur, true
 	})
 	if err != nil {
@@ -895,11 +981,11 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
-	res, err := b.change(ctx, c, func(cur record, _, hi time.Time) (record, bool) {
+	res, err := b.change(ctx, c, func(cur record, now time.Time) (record, bool) {
 		if !holds(cur, c) || cur.state != stateClaimed {
 			return cur, false
 		}
-		cur.lease = hi.Add(lease)
+		cur.lease = now.Add(lease)
 		cur.exp = cur.lease.Add(b.ttl)
 		return cur, true
 	})
