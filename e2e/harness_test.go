@@ -150,7 +150,9 @@ replace github.com/gcp-pubsub-idempotency/idempotency => %s
 		return "", err
 	}
 	bin := filepath.Join(dir, "server")
-	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", bin, "."}} {
+	// -trimpath, so that TestFunctionSourceBuildsFromItsVendorDirectoryAlone
+	// finds the packages compiled here in the build cache.
+	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-trimpath", "-o", bin, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = app
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
