@@ -17,7 +17,6 @@ type Dialect struct {
 	insert   string // MySQL: INSERT IGNORE of a fresh record
 	read     string // the record and the database's now
 	reclaim  string // MySQL: conditional reclaim of a lapsed record
-	renew    string // MySQL: a retried claim's lapsed lease, renewed
 	complete string
 	isDone   string // MySQL: is the record done with this fence?
 	release  string
@@ -59,8 +58,8 @@ up AS (
 	ON CONFLICT (idem_key) DO UPDATE SET
 		state = 1,
 		fence = CASE WHEN r.token = EXCLUDED.token THEN r.fence ELSE r.fence + 1 END,
-		lease_expiry_ms = CASE WHEN r.token = EXCLUDED.token THEN GREATEST(r.lease_expiry_ms, EXCLUDED.lease_expiry_ms) ELSE EXCLUDED.lease_expiry_ms END,
-		expires_at_ms = CASE WHEN r.token = EXCLUDED.token THEN GREATEST(r.expires_at_ms, EXCLUDED.expires_at_ms) ELSE EXCLUDED.expires_at_ms END,
+		lease_expiry_ms = CASE WHEN r.token = EXCLUDED.token THEN r.lease_expiry_ms ELSE EXCLUDED.lease_expiry_ms END,
+		expires_at_ms = CASE WHEN r.token = EXCLUDED.token THEN r.expires_at_ms ELSE EXCLUDED.expires_at_ms END,
 		token = EXCLUDED.token
 	WHERE (r.state = 1 AND r.token = EXCLUDED.token)
 	   OR (r.state = 1 AND r.lease_expiry_ms <= EXCLUDED.lease_expiry_ms - $2)
@@ -114,8 +113,8 @@ VALUES (?1, 1, 1, {NOW} + ?2, {NOW} + ?2 + ?3, ?4)
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 1,
 	fence = CASE WHEN r.token = excluded.token THEN r.fence ELSE r.fence + 1 END,
-	lease_expiry_ms = CASE WHEN r.token = excluded.token THEN MAX(r.lease_expiry_ms, excluded.lease_expiry_ms) ELSE excluded.lease_expiry_ms END,
-	expires_at_ms = CASE WHEN r.token = excluded.token THEN MAX(r.expires_at_ms, excluded.expires_at_ms) ELSE excluded.expires_at_ms END,
+	lease_expiry_ms = CASE WHEN r.token = excluded.token THEN r.lease_expiry_ms ELSE excluded.lease_expiry_ms END,
+	expires_at_ms = CASE WHEN r.token = excluded.token THEN r.expires_at_ms ELSE excluded.expires_at_ms END,
 	token = excluded.token
 WHERE (r.state = 1 AND r.token = excluded.token)
    OR (r.state = 1 AND r.lease_expiry_ms <= excluded.lease_expiry_ms - ?2)
@@ -163,8 +162,6 @@ VALUES (?, 1, 1, {NOW} + ?, {NOW} + ? + ?, ?)`,
 	reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = ?
 WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
-	renew: `UPDATE {T} SET lease_expiry_ms = ?, expires_at_ms = ?
-WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 	complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ? WHERE idem_key = ? AND fence = ? AND state = 1`,
 	isDone:   `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND state = 2`,
 	release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
@@ -179,7 +176,7 @@ WHERE idem_key = ? AND fence = ? AND state = 1`,
 type statements struct {
 	schema                                                   []string
 	lockDDL                                                  string
-	claim, upsert, insert, read, reclaim, renew              string
+	claim, upsert, insert, read, reclaim                     string
 	complete, isDone, release, extend, lease, purge, schema1 string
 }
 
@@ -220,7 +217,7 @@ func (d *Dialect) render(table string) statements {
 	s := statements{
 		lockDDL: d.lockDDL,
 		claim:   r.Replace(d.claim), upsert: r.Replace(d.upsert), insert: r.Replace(d.insert),
-		read: r.Replace(d.read), reclaim: r.Replace(d.reclaim), renew: r.Replace(d.renew), complete: r.Replace(d.complete),
+		read: r.Replace(d.read), reclaim: r.Replace(d.reclaim), complete: r.Replace(d.complete),
 		isDone: r.Replace(d.isDone), release: r.Replace(d.release), extend: r.Replace(d.extend),
 		lease: r.Replace(d.lease), purge: r.Replace(d.purge),
 	}

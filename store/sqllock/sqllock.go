@@ -520,20 +520,7 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 		return store.Result{}, errRace
 	}
 	if r.state == 1 && r.token == token {
-		if r.lease > r.now {
-			return won(r.fence, r.lease, token), nil
-		}
-		// A retry found its own claim after its lease lapsed (nobody took
-		// the key meanwhile): the lease runs from now, as for any win.
-		newLease := r.now + lms
-		n, err := b.exec(ctx, b.q.renew, newLease, newLease+tms, k, r.fence, token)
-		if err != nil {
-			return store.Result{}, err
-		}
-		if n == 1 {
-			return won(r.fence, newLease, token), nil
-		}
-		return store.Result{}, errRace
+		return won(r.fence, r.lease, token), nil
 	}
 	if res, ok := judge(r, token); ok {
 		return res, nil
