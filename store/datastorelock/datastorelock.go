@@ -48,12 +48,13 @@
 // lease that has lapsed already:
 //
 //   - A Lookup judges the record it read by the reply's read_time.
-//   - A write that follows a read in the same call (a reclaim; Complete,
-//     Release or Extend after a conflict) bases its instants on that read's
+//   - A write that follows a read in the same call (a reclaim; an insert
+//     after a read found the key absent; Complete, Release or Extend after
+//     a conflict or a stale estimate) bases its instants on that read's
 //     read_time carried forward by the time elapsed since its reply
 //     arrived: an instant between the read and the server's now.
-//   - Any other write (the insert of a fresh key; Complete, Release and
-//     Extend on their first try) bases them on an estimate that is never
+//   - Any other write (the first insert of a fresh key; Complete, Release
+//     and Extend on their first try) bases them on an estimate that is never
 //     earlier than the server's time when the request is sent: a server
 //     timestamp seen (read_time of a Lookup or RunQuery, commit_time of a
 //     Commit, else the update_time of an applied mutation) plus the time
@@ -688,9 +689,18 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		lost    error
 	)
 	_, _, tryInsert := b.times()
+	var absent *reading // the read of this call that found no record
 	for range maxRounds {
 		if tryInsert {
-			if _, hi, ok := b.times(); ok {
+			// Base the lease on the read that found the key absent, or
+			// else on the estimate of the server's time.
+			_, hi, ok := b.times()
+			estimated := true
+			if absent != nil {
+				hi, ok = b.after(*absent)
+				estimated = !absent.exact
+			}
+			if ok {
 				rec := record{state: stateClaimed, fence: 1, lease: hi.Add(lease), token: token}
 				rec.exp = rec.lease.Add(b.ttl)
 				v, _, at, lostNow, err := b.write(ctx, insert(b.entity(key, rec)))
@@ -701,7 +711,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 					if b.expired(rec, lost) {
 						return store.Result{}, b.expiredErr(key, rec, lost)
 					}
-					if misplaced(hi, at) {
+					if estimated && misplaced(hi, at) {
 						return store.Result{}, b.unknown(key, fmt.Errorf("the claim was written with a lease from %v, "+
 							"an estimate of the server's time that ran ahead of the commit at %v", hi, at))
 					}
@@ -717,6 +727,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 			return store.Result{}, b.unknown(key, err)
 		}
 		now := rd.at
+		absent = nil
 		if !found {
 			// Never written, or deleted after it expired. Had a lost write
 			// of this call landed, the record would stay until at least its
@@ -725,7 +736,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 				return store.Result{}, fmt.Errorf("datastorelock: claim %q: outcome unknown: a write of this call may have won the key "+
 					"with a lease to %v, and the record, found gone at %v, could have expired since: %w", key, pending, now, lost)
 			}
-			tryInsert = true
+			tryInsert, absent = true, &rd
 			continue
 		}
 		mine := cur.token == token

@@ -1,6 +1,7 @@
 package datastorelock_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -193,5 +194,42 @@ func TestServerClockReleaseAndExtend(t *testing.T) {
 				t.Fatalf("claim a second before the extended lease ends: %v, want held by other", h.Outcome)
 			}
 		})
+	}
+}
+
+// When the only recent server timestamps came from requests that were slow
+// to arrive (here: replies that report a time ten minutes ahead), the
+// estimate runs ahead; the insert's own commit time shows it, and the claim
+// reports an unknown outcome rather than a lease from an instant after the
+// call.
+func TestServerClockEstimateThatRanAheadIsNotHandedOut(t *testing.T) {
+	testsvc.Datastore(t)
+	ctx := t.Context()
+	server := newServerClock()
+	var ahead atomic.Int32
+	stamp := func() time.Time {
+		if ahead.Add(-1) >= 0 {
+			return server.Now().Add(10 * time.Minute)
+		}
+		return server.Now()
+	}
+	b, _ := newBackendVia(t, link{server: stamp}, datastorelock.WithClock(server.Now))
+	if r, err := b.Claim(ctx, "warm-up", scLease); err != nil || r.Outcome != store.Won {
+		t.Fatalf("warm-up: %v %v", r.Outcome, err)
+	}
+	server.Advance(2 * time.Minute) // the estimate is stale
+	ahead.Store(2)                  // the purge's two replies are ten minutes ahead
+	if _, err := b.PurgeExpired(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	r, err := b.Claim(ctx, "k", scLease)
+	if err == nil {
+		t.Fatalf("claim: %v until %v (server now %v); want an unknown outcome", r.Outcome, r.Claim.LeaseExpiry, server.Now())
+	}
+	t.Logf("claim: %v", err)
+	// A claim judged by a fresh read's own time is placed right.
+	r, err = b.Claim(ctx, "k2", scLease)
+	if err != nil || r.Outcome != store.Won || !r.Claim.LeaseExpiry.Equal(server.Now().Add(scLease)) {
+		t.Fatalf("next claim: %v until %v, %v; want won until %v", r.Outcome, r.Claim.LeaseExpiry, err, server.Now().Add(scLease))
 	}
 }
