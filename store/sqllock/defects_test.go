@@ -1,6 +1,7 @@
 package sqllock_test
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -138,6 +139,48 @@ func TestEnsureSchemaAtTheTableNameLimit(t *testing.T) {
 				if n != 1 {
 					t.Errorf("table of %d characters has %d indexes on expires_at_ms, want 1", len(table), n)
 				}
+			}
+		})
+	}
+}
+
+// A record purged after its expires-at instant starts again at fence 1. A
+// holder from the key's earlier life (running past its lease and the ttl,
+// which the port's defaults rule out but a paused process can still do)
+// holds fence 1 too: its token keeps it from completing, releasing or
+// extending the new claim.
+func TestHolderFromBeforeAPurgeCannotTouchTheNewClaim(t *testing.T) {
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) {
+			const ttl = 100 * time.Millisecond
+			b := e.backend(t, e.open(t, e.dsn(t), nil), sqllock.WithTTL(ttl))
+			ctx := t.Context()
+			old, err := b.Claim(ctx, "k", 50*time.Millisecond)
+			if err != nil || old.Outcome != store.Won {
+				t.Fatal(old.Outcome, err)
+			}
+			time.Sleep(50*time.Millisecond + ttl + 50*time.Millisecond)
+			if n, err := b.PurgeExpired(ctx, 0); n != 1 || err != nil {
+				t.Fatalf("PurgeExpired = %d, %v; want the lapsed record", n, err)
+			}
+			fresh, err := b.Claim(ctx, "k", time.Minute)
+			if err != nil || fresh.Outcome != store.Won || fresh.Claim.Fence != old.Claim.Fence {
+				t.Fatalf("claim after the purge: %v fence %d %v; want won with fence %d", fresh.Outcome, fresh.Claim.Fence, err, old.Claim.Fence)
+			}
+			if _, err := b.Extend(ctx, old.Claim, time.Hour); !errors.Is(err, store.ErrLost) {
+				t.Errorf("the old holder's Extend: %v, want ErrLost", err)
+			}
+			if err := b.Release(ctx, old.Claim); err != nil {
+				t.Fatal(err)
+			}
+			if ok, err := b.Complete(ctx, old.Claim); ok || err != nil {
+				t.Errorf("the old holder's Complete: %v %v, want false", ok, err)
+			}
+			if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.HeldByOther {
+				t.Errorf("after the old holder's calls: %v %v, want held by other", r.Outcome, err)
+			}
+			if ok, err := b.Complete(ctx, fresh.Claim); !ok || err != nil {
+				t.Errorf("the new holder's Complete: %v %v", ok, err)
 			}
 		})
 	}

@@ -74,13 +74,13 @@ FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
 	read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = $1`,
 	complete: `UPDATE {T} SET state = 2,
 	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + $3 ELSE expires_at_ms END
-WHERE idem_key = $1 AND fence = $2 RETURNING 1`,
+WHERE idem_key = $1 AND fence = $2 AND token = $4 RETURNING 1`,
 	release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c.ms, expires_at_ms = c.ms + $3
 FROM (SELECT {NOW} AS ms) c
-WHERE idem_key = $1 AND fence = $2 AND state = 1`,
+WHERE idem_key = $1 AND fence = $2 AND token = $4 AND state = 1`,
 	extend: `UPDATE {T} SET lease_expiry_ms = c.ms + $3, expires_at_ms = c.ms + $3 + $4
 FROM (SELECT {NOW} AS ms) c
-WHERE idem_key = $1 AND fence = $2 AND state = 1 RETURNING lease_expiry_ms`,
+WHERE idem_key = $1 AND fence = $2 AND token = $5 AND state = 1 RETURNING lease_expiry_ms`,
 	purge: `DELETE FROM {T} WHERE idem_key IN (
 	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW}
 	ORDER BY expires_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED
@@ -123,11 +123,11 @@ RETURNING fence, lease_expiry_ms`,
 	read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = ?1`,
 	complete: `UPDATE {T} SET state = 2,
 	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END
-WHERE idem_key = ?1 AND fence = ?2 RETURNING 1`,
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 RETURNING 1`,
 	release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?3
-WHERE idem_key = ?1 AND fence = ?2 AND state = 1`,
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 AND state = 1`,
 	extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?3, expires_at_ms = {NOW} + ?3 + ?4
-WHERE idem_key = ?1 AND fence = ?2 AND state = 1 RETURNING lease_expiry_ms`,
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?5 AND state = 1 RETURNING lease_expiry_ms`,
 	purge: `DELETE FROM {T} WHERE idem_key IN (
 	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?1)`,
 	returning: true,
@@ -162,13 +162,13 @@ VALUES (?, 1, 1, {NOW} + ?, {NOW} + ? + ?, ?)`,
 	reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = ?
 WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
-	complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ? WHERE idem_key = ? AND fence = ? AND state = 1`,
-	isDone:   `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND state = 2`,
+	complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ? WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+	isDone:   `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
 	release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
-WHERE idem_key = ? AND fence = ? AND state = 1`,
+WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 	extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?, expires_at_ms = {NOW} + ? + ?
-WHERE idem_key = ? AND fence = ? AND state = 1`,
-	lease: `SELECT lease_expiry_ms FROM {T} WHERE idem_key = ? AND fence = ? AND state = 1`,
+WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+	lease: `SELECT lease_expiry_ms FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 	purge: `DELETE FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?`,
 }
 

@@ -24,6 +24,13 @@
 //	token            the winning claim's token
 //
 // Nothing deletes expired rows by itself: call PurgeExpired now and then.
+//
+// Complete, Release and Extend match the claim's token as well as its
+// fence. Within one life of a record the fence alone decides (each fence
+// is won by one Claim), but a record purged after its expires-at instant
+// starts again at fence 1: the token keeps a holder from an earlier life
+// of the key, still running past its lease and the ttl, from completing,
+// releasing or extending the new one.
 package sqllock
 
 import (
@@ -546,7 +553,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	err := b.retry(ctx, func() error {
 		if b.d.returning {
 			var one int
-			err := b.queryRow(ctx, b.q.complete, []any{k, c.Fence, millis(b.ttl)}, &one)
+			err := b.queryRow(ctx, b.q.complete, []any{k, c.Fence, millis(b.ttl), c.Token}, &one)
 			if errors.Is(err, sql.ErrNoRows) {
 				done = false
 				return nil
@@ -554,7 +561,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 			done = err == nil
 			return err
 		}
-		n, err := b.exec(ctx, b.q.complete, millis(b.ttl), k, c.Fence)
+		n, err := b.exec(ctx, b.q.complete, millis(b.ttl), k, c.Fence, c.Token)
 		if err != nil || n == 1 {
 			done = n == 1
 			return err
@@ -562,7 +569,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 		// Nothing changed: either the fence is stale, or an earlier try
 		// already completed it.
 		var count int
-		err = b.queryRow(ctx, b.q.isDone, []any{k, c.Fence}, &count)
+		err = b.queryRow(ctx, b.q.isDone, []any{k, c.Fence, c.Token}, &count)
 		done = count == 1
 		return err
 	})
@@ -581,9 +588,9 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	err := b.retry(ctx, func() error {
 		var err error
 		if b.d.returning {
-			_, err = b.exec(ctx, b.q.release, k, c.Fence, millis(b.ttl))
+			_, err = b.exec(ctx, b.q.release, k, c.Fence, millis(b.ttl), c.Token)
 		} else {
-			_, err = b.exec(ctx, b.q.release, millis(b.ttl), k, c.Fence)
+			_, err = b.exec(ctx, b.q.release, millis(b.ttl), k, c.Fence, c.Token)
 		}
 		return err
 	})
@@ -606,7 +613,7 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	var held bool
 	err := b.retry(ctx, func() error {
 		if b.d.returning {
-			err := b.queryRow(ctx, b.q.extend, []any{k, c.Fence, millis(lease), millis(b.ttl)}, &until)
+			err := b.queryRow(ctx, b.q.extend, []any{k, c.Fence, millis(lease), millis(b.ttl), c.Token}, &until)
 			if errors.Is(err, sql.ErrNoRows) {
 				held = false
 				return nil
@@ -614,10 +621,10 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 			held = err == nil
 			return err
 		}
-		if _, err := b.exec(ctx, b.q.extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence); err != nil {
+		if _, err := b.exec(ctx, b.q.extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence, c.Token); err != nil {
 			return err
 		}
-		err := b.queryRow(ctx, b.q.lease, []any{k, c.Fence}, &until)
+		err := b.queryRow(ctx, b.q.lease, []any{k, c.Fence, c.Token}, &until)
 		if errors.Is(err, sql.ErrNoRows) {
 			held = false
 			return nil
