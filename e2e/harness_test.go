@@ -525,13 +525,26 @@ func (f *fleet) supervise(in *instance, env []string) {
 
 // kill SIGKILLs instance i, as a platform or an OOM would, unless its
 // process started less than minAge ago (so that on a slow machine the
-// fleet is not kept down by kills faster than its start-ups).
-func (f *fleet) kill(i int, minAge time.Duration) {
+// fleet is not kept down by kills faster than its start-ups). It reports
+// whether it killed.
+func (f *fleet) kill(i int, minAge time.Duration) bool {
 	in := f.instances[i]
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if in.cmd != nil && in.cmd.Process != nil && time.Since(in.started) >= minAge && in.cmd.Process.Signal(syscall.SIGKILL) == nil {
 		f.kills.Add(1)
+		return true
+	}
+	return false
+}
+
+// killAny SIGKILLs one instance, chosen at random among those whose
+// process is at least minAge old.
+func (f *fleet) killAny(minAge time.Duration) {
+	for _, i := range rand.Perm(len(f.instances)) {
+		if f.kill(i, minAge) {
+			return
+		}
 	}
 }
 

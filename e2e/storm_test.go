@@ -261,7 +261,7 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 			case <-stopKilling:
 				return
 			case <-tick.C:
-				f.kill(rand.IntN(len(f.instances)), time.Second)
+				f.killAny(time.Second)
 			}
 		}
 	}()
@@ -272,8 +272,13 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 	run := fmt.Sprintf("%06d", rand.IntN(1e6))
 	keys := make([]string, p.Orders)
 	res := stormResult{Backend: backend, Orders: p.Orders, Instances: p.Instances, Lease: p.Lease, CrashRate: p.CrashRate, KillEvery: p.KillEvery}
-	const perRequest = 20 // orders per publish request
+	// Ten orders per publish request, one request per kill interval: the
+	// orders arrive over a stretch of kills, not all before the first.
+	const perRequest = 10
 	for i := 0; i < p.Orders; i += perRequest {
+		if i > 0 {
+			time.Sleep(p.KillEvery)
+		}
 		var batch []pubMessage
 		for j := i; j < min(i+perRequest, p.Orders); j++ {
 			po := fmt.Sprintf("PO-%s-%05d", run, j)
@@ -295,8 +300,11 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 		return d
 	}
 	res.Phases = append(res.Phases, time.Since(start))
-	// Kill until nine orders in ten are in, then let the rest settle.
-	waitUntil(2*time.Minute+time.Duration(p.Orders)*300*time.Millisecond, func() bool { return supplied() >= p.Orders*9/10 })
+	// Kill until nine orders in ten are in (and a few kills landed), then
+	// let the rest settle.
+	waitUntil(2*time.Minute+time.Duration(p.Orders)*300*time.Millisecond, func() bool {
+		return supplied() >= p.Orders*9/10 && f.kills.Load() >= 3
+	})
 	stopKillers()
 	res.Phases = append(res.Phases, time.Since(start))
 	if !waitUntil(time.Minute+time.Duration(p.Orders)*200*time.Millisecond, func() bool { return supplied() == p.Orders }) {
