@@ -183,8 +183,10 @@ func (r stormResult) String() string {
 // after the supplier accepted an order and before the key was completed,
 // and a random instance SIGKILLed at a steady beat, each restarted as
 // Cloud Run replaces a dead instance. Every order must reach the supplier,
-// no body may run again unless the run before it died in its window, and
-// every order's record must end Done. See judge for the exact rules.
+// no body may run again unless the run before it died in its window (or
+// outlived its lease on a stalled machine and was fenced out, which is
+// reported apart as an overrun), and every order's record must end Done.
+// See judge for the exact rules.
 func TestCrashStorm(t *testing.T) {
 	p := stormParamsForTest(t)
 	var results []stormResult
