@@ -70,6 +70,9 @@ type counter struct {
 	n, prepares atomic.Int64
 	onPrepare   atomic.Pointer[func(ctx context.Context, q string) error]
 	onConnect   atomic.Pointer[func(ctx context.Context) error]
+	// afterExec, when set, runs after each prepared statement's exec
+	// returns, with the statement's text.
+	afterExec atomic.Pointer[func(q string)]
 }
 
 // open opens a database of the engine, counting statements into c (which
@@ -165,17 +168,22 @@ func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stm
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{Stmt: st, c: c.c}, nil
+	return &countingStmt{Stmt: st, c: c.c, q: q}, nil
 }
 
 type countingStmt struct {
 	driver.Stmt
 	c *counter
+	q string
 }
 
 func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.c.n.Add(1)
-	return s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+	res, err := s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
+	if hook := s.c.afterExec.Load(); hook != nil {
+		(*hook)(s.q)
+	}
+	return res, err
 }
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {

@@ -516,18 +516,26 @@ func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration
 // claimMySQL: INSERT IGNORE, then read, then a conditional reclaim.
 func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	lms, tms := millis(lease), millis(b.ttl)
-	if _, err := b.exec(ctx, b.q.insert, k, lms, lms, tms, token); err != nil {
+	inserted, err := b.exec(ctx, b.q.insert, k, lms, lms, tms, token)
+	if err != nil {
 		return store.Result{}, err
 	}
 	r, found, err := b.read(ctx, k)
 	if err != nil {
 		return store.Result{}, err
 	}
+	if found && r.state == 1 && r.token == token {
+		return won(r.fence, r.lease, token), nil
+	}
+	if inserted == 1 {
+		// This call's insert won the key, and its lease lapsed before the
+		// read: another caller has taken (or completed) the key since.
+		// Answering that caller's outcome would account this call's win
+		// to nobody; trying again would win a second fence in one call.
+		return store.Result{}, fmt.Errorf("%w: the insert won the key but its lease lapsed and the record moved on before it was read", errUnknownOutcome)
+	}
 	if !found {
 		return store.Result{}, errRace
-	}
-	if r.state == 1 && r.token == token {
-		return won(r.fence, r.lease, token), nil
 	}
 	if res, ok := judge(r, token); ok {
 		return res, nil
