@@ -290,7 +290,7 @@ func (s *Store) Complete(ctx context.Context, c store.Claim) (bool, error) {
 
 func (s *Store) complete(c store.Claim) bool {
 	r, ok := s.recs[c.Key]
-	if !ok || r.Fence != c.Fence {
+	if !ok || r.Fence != c.Fence || r.Token != c.Token {
 		return false
 	}
 	if r.State == store.Claimed {
@@ -312,7 +312,7 @@ func (s *Store) Release(ctx context.Context, c store.Claim) error {
 		return err
 	}
 	r, ok := s.recs[c.Key]
-	if ok && r.State == store.Claimed && r.Fence == c.Fence {
+	if ok && r.State == store.Claimed && r.Fence == c.Fence && r.Token == c.Token {
 		r.Fence++
 		r.LeaseExpiry = s.clock()
 		r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
@@ -335,7 +335,7 @@ func (s *Store) Extend(ctx context.Context, c store.Claim, lease time.Duration) 
 		return c, err
 	}
 	r, ok := s.recs[c.Key]
-	if !ok || r.State != store.Claimed || r.Fence != c.Fence {
+	if !ok || r.State != store.Claimed || r.Fence != c.Fence || r.Token != c.Token {
 		if err := s.reply(OpExtend, cut); err != nil {
 			return c, err
 		}

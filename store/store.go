@@ -37,10 +37,14 @@
 // Claimed* is a Claimed record whose lease expiry was set to the release
 // time: the next Claim wins it at once.
 //
-// The fence is the only ownership test of Complete and Release. A holder
-// whose lease lapsed but whom nobody replaced still completes: it is the only
-// party that ran the work. A holder that was replaced (or that released)
-// holds a stale fence and can change nothing.
+// The fence is the ownership test of Complete and Release; the lease is not.
+// A holder whose lease lapsed but whom nobody replaced still completes: it is
+// the only party that ran the work. A holder that was replaced (or that
+// released) holds a stale fence and can change nothing. Complete, Release
+// and Extend also match the claim's token: once a record is deleted after
+// its expires-at, the next Claim starts a fresh record at fence 1, the fence
+// a holder from before the deletion may carry, and only the token tells the
+// two claims apart.
 //
 // # Growing the port
 //
@@ -233,6 +237,8 @@ type Result struct {
 //   - It MUST NOT report a claim as not won when it may have won it: if the
 //     outcome of a write is unknown, return an error, not HeldByOther.
 //   - It MUST NOT delete a record before its expires-at instant.
+//   - Complete, Release and Extend MUST act only on a record whose fence
+//     and token both match the claim's.
 type Backend interface {
 	// Claim atomically creates the record for key (fence 1), or reclaims it
 	// when the lease has lapsed or the Done ttl has elapsed (fence + 1), and

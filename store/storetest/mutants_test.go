@@ -64,6 +64,9 @@ var mutants = map[string][]string{
 	"the record dies with its lease":                  {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1", "a_claimed_record_outlives_its_lease_by_the_ttl"},
 	"a claimed record expires ttl after the claim":    {"a_claimed_record_outlives_its_lease_by_the_ttl"},
 	"complete ignores the fence":                      {"zombie_cannot_complete_over_a_newer_claim"},
+	"complete matches the fence but not the token":    {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
+	"release matches the fence but not the token":     {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
+	"extend matches the fence but not the token":      {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
 	"complete requires a live lease":                  {"complete_commits_after_the_lease_lapsed_if_nobody_reclaimed"},
 	"complete answers true without marking done":      {"complete_with_the_current_fence_marks_done"},
 	"complete of a done key answers false":            {"complete_and_release_on_a_done_key_are_idempotent", "a_complete_whose_reply_was_lost_is_safe_to_retry"},
@@ -397,6 +400,9 @@ func (m *mutant) complete(c store.Claim) bool {
 	if r.fence != c.Fence && !m.is("complete ignores the fence") {
 		return false
 	}
+	if r.token != c.Token && !m.is("complete ignores the fence") && !m.is("complete matches the fence but not the token") {
+		return false
+	}
 	if r.state == store.Done {
 		if m.is("complete of a done key answers false") {
 			return false
@@ -452,6 +458,10 @@ func (m *mutant) Release(ctx context.Context, c store.Claim) error {
 		if m.is("a retried release fails") {
 			return fmt.Errorf("mutant: release of fence %d: %w", c.Fence, store.ErrLost)
 		}
+	case r.token != c.Token && !m.is("release ignores the fence") && !m.is("release matches the fence but not the token"):
+		if m.is("a retried release fails") {
+			return fmt.Errorf("mutant: release of fence %d: %w", c.Fence, store.ErrLost)
+		}
 	case m.is("release deletes the record"):
 		delete(m.recs, ck)
 	default:
@@ -499,6 +509,8 @@ func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	case r.state == store.Done && !(m.is("extend of a done claim succeeds") && r.fence == c.Fence):
 		return c, store.ErrLost
 	case r.fence != c.Fence && !m.is("extend revives a stale claim"):
+		return c, store.ErrLost
+	case r.token != c.Token && !m.is("extend revives a stale claim") && !m.is("extend matches the fence but not the token"):
 		return c, store.ErrLost
 	case m.is("extend requires a live lease") && !now.Before(r.lease):
 		return c, store.ErrLost

@@ -143,6 +143,7 @@ var rules = []rule{
 	{"a_cancelled_context_fails_and_changes_nothing", cancelledContext},
 	{"extend_renews_only_the_current_claim", extend},
 	{"purge_removes_only_expired_records", purge},
+	{"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record", claimFromBeforeDeletion},
 	{"concurrent_histories_are_linearizable_with_leases_that_lapse", historyCase},
 }
 
@@ -1414,4 +1415,33 @@ func cutMidCall(t *testing.T, e *env) {
 		}
 		e.expect(k, store.AlreadyDone)
 	}
+}
+
+// claimFromBeforeDeletion: once a record's expires-at has passed, the
+// backend may delete it, and the next Claim starts a fresh record at fence
+// 1, the fence an old holder may also carry. The claim token tells them
+// apart: the old claim must change nothing on the new record.
+func claimFromBeforeDeletion(t *testing.T, e *env) {
+	k := e.key()
+	old := e.won(k, e.short())
+	e.pass(e.short() + e.h.TTL)
+	if p, ok := e.h.Backend.(store.Purger); ok {
+		if _, err := p.PurgeExpired(e.ctx, 0); err != nil {
+			t.Fatalf("PurgeExpired: %v", err)
+		}
+	}
+	fresh := e.won(k, e.long())
+	if fresh.Fence != 1 {
+		t.Logf("the record was kept (fence %d): the fence alone tells the claims apart", fresh.Fence)
+	}
+	e.complete(old, false)
+	e.release(old)
+	if x, ok := e.h.Backend.(store.Extender); ok {
+		if _, err := x.Extend(e.ctx, old, e.long()); !errors.Is(err, store.ErrLost) {
+			t.Errorf("Extend of a claim from before the record was deleted: err = %v, want ErrLost", err)
+		}
+	}
+	e.expect(k, store.HeldByOther)
+	e.complete(fresh, true)
+	e.expect(k, store.AlreadyDone)
 }
