@@ -7,7 +7,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 # race detector, with every backend against its real server: a missing
 # server fails the run instead of skipping it.
 test: check services
-	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 ./...
+	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 -timeout 30m ./...
 	FUZZTIME=10s ./scripts/fuzz.sh
 
 # Install the servers the backend tests start (redis-server, ...).

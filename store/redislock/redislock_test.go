@@ -3,6 +3,7 @@ package redislock_test
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -453,7 +454,11 @@ func TestContractOnACluster(t *testing.T) {
 			return cc, f
 		}))
 	})
-	// The suite's keys landed on every node, not one.
+	// The suite's keys landed on every node, not one. A -run that picks a
+	// few cases writes too few keys (which may have expired) to tell.
+	if f := flag.Lookup("test.run"); f != nil && strings.Contains(f.Value.String(), "/") {
+		return
+	}
 	var mu sync.Mutex
 	perNode := map[string]int64{}
 	err := c.ForEachMaster(t.Context(), func(ctx context.Context, node *redis.Client) error {
