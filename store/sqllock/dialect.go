@@ -38,7 +38,10 @@ func (d *Dialect) String() string { return d.name }
 var Postgres = &Dialect{
 	name:  "postgres",
 	quote: func(s string) string { return `"` + s + `"` },
-	now:   `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`,
+	// floor, not a plain cast: numeric to bigint rounds, which would put
+	// now up to half a millisecond ahead of the clock (a lease would end,
+	// for a racing Claim, before the LeaseExpiry its holder was given).
+	now: `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`,
 	schema: []string{
 		`CREATE TABLE IF NOT EXISTS {T} (
 	idem_key        BYTEA PRIMARY KEY,
