@@ -141,3 +141,41 @@ func TestHeartbeatMustBeShorterThanTheLease(t *testing.T) {
 		}
 	}
 }
+
+// A body that outlives its request (the push deadline passed, or Cloud Run
+// cut the request) is still doing the work: the heartbeat must keep its
+// claim until the body returns, or a redelivery takes the key once the
+// short lease lapses and runs the work a second time beside it.
+func TestHeartbeatKeepsRenewingUntilTheBodyReturnsEvenAfterTheRequestEnds(t *testing.T) {
+	s, clock := newStore(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var second int
+	err := idempotency.Lock(ctx, s, "outlived", func(bctx context.Context) error {
+		cancel() // the request ends; this body does not watch its context
+		for range 6 {
+			clock.Advance(30 * time.Second)
+			want := s.Calls(fake.OpExtend) + 1
+			for deadline := time.Now().Add(2 * time.Second); s.Calls(fake.OpExtend) < want && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		// Three minutes on, a redelivery arrives.
+		if err := idempotency.Lock(t.Context(), s, "outlived", func(context.Context) error {
+			second++
+			return nil
+		}); !errors.Is(err, idempotency.ErrInProgress) {
+			t.Errorf("redelivery while the first body still runs: %v, want ErrInProgress", err)
+		}
+		return nil
+	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second != 0 {
+		t.Fatalf("the work ran %d more time(s) while the first body still ran", second)
+	}
+	if rec, _ := s.Record("outlived"); rec.State != store.Done || rec.Fence != 1 {
+		t.Fatalf("record %+v, want done by the first holder (fence 1)", rec)
+	}
+}

@@ -169,8 +169,12 @@ func WithSettleTimeout(d time.Duration) LockOption {
 // the claim lost (another delivery took the key), the body's context is
 // cancelled, with a cause wrapping store.ErrLost (see context.Cause). A
 // failed renewal for any other reason is logged and tried again at the
-// next tick. Renewals stop when the body returns or its context ends: a
-// body stuck past its request's deadline does not hold the key forever.
+// next tick. Renewals run on a context detached from the request's
+// cancellation and stop only when the body returns: a body that outlives
+// its request (it ignored the cancellation) is still doing the work, and
+// letting its lease lapse would let a redelivery run the work a second
+// time beside it. A body stuck for good holds the key until its process
+// ends; then the lease lapses and the key frees.
 //
 // interval must be shorter than the lease (a third of it leaves room for
 // two failed renewals); Lock and Mutex return an error, and Idempotent
@@ -343,6 +347,9 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 		done = make(chan struct{})
 		wg   sync.WaitGroup
 	)
+	// Renewals outlive the request's cancellation: only the body's return
+	// (done) ends them, because the body may still be running the work.
+	ctx = context.WithoutCancel(ctx)
 	wg.Go(func() {
 		t := time.NewTicker(cfg.heartbeat)
 		defer t.Stop()
@@ -350,14 +357,14 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 			select {
 			case <-done:
 				return
-			case <-ctx.Done():
-				return
 			case <-t.C:
 			}
 			mu.Lock()
 			claim := cur
 			mu.Unlock()
-			next, err := ext.Extend(ctx, claim, cfg.lease)
+			ectx, ecancel := context.WithTimeout(ctx, cfg.settle)
+			next, err := ext.Extend(ectx, claim, cfg.lease)
+			ecancel()
 			switch {
 			case err == nil:
 				mu.Lock()
@@ -367,8 +374,6 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 				cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
 					"key", claim.Key, "fence", claim.Fence, "error", err)
 				cancel(fmt.Errorf("idempotency: lease renewal: %w", err))
-				return
-			case ctx.Err() != nil:
 				return
 			default:
 				cfg.log().WarnContext(ctx, "idempotency: lease renewal failed; trying again at the next heartbeat",
@@ -380,7 +385,7 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 	return func() {
 		once.Do(func() {
 			close(done)
-			wg.Wait()
+			wg.Wait() // an in-flight renewal finishes: its claim is the latest
 			mu.Lock()
 			*c = cur
 			mu.Unlock()
