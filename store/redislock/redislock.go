@@ -21,6 +21,11 @@
 // the token tells apart a record that Redis deleted at its expires-at and
 // another caller created afresh, whose fence restarted at 1.
 //
+// Redis may delete a record early on its own when memory is short: a
+// server with a maxmemory limit must use maxmemory-policy noeviction (every
+// record has an expiry, so the volatile-* policies evict records too).
+// CheckEviction tells; call it at start-up.
+//
 // After a network error that may have come after the server ran a script
 // (a lost reply), the backend resends it itself (see WithClaimRetries) and
 // reads the resend's reply for what it can prove; go-redis's own resends
@@ -375,6 +380,58 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	}
 	c.LeaseExpiry = time.UnixMilli(ms)
 	return c, nil
+}
+
+// infoer is the method of every go-redis client that runs INFO.
+type infoer interface {
+	Info(ctx context.Context, section ...string) *redis.StringCmd
+}
+
+// CheckEviction returns an error unless every server behind the client
+// keeps records until their expires-at instant: a server with a memory
+// limit (maxmemory) evicts keys under memory pressure with every
+// maxmemory-policy but noeviction, and each record has an expiry, so the
+// volatile-* policies evict records too (Memorystore's default is
+// volatile-lru). An evicted Done record lets its key run again within the
+// ttl; an evicted Claimed record lets a second holder in beside a live
+// one. Call it once at start-up. A server with no memory limit, or with
+// noeviction (whose writes then fail when memory is full, and Claim
+// returns an error), passes.
+func (b *Backend) CheckEviction(ctx context.Context) error {
+	if cc, ok := b.client.(*redis.ClusterClient); ok {
+		return cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			return checkEviction(ctx, c)
+		})
+	}
+	i, ok := b.client.(infoer)
+	if !ok {
+		return fmt.Errorf("redislock: check eviction: the client %T cannot run INFO", b.client)
+	}
+	return checkEviction(ctx, i)
+}
+
+func checkEviction(ctx context.Context, c infoer) error {
+	info, err := c.Info(ctx, "memory").Result()
+	if err != nil {
+		return fmt.Errorf("redislock: check eviction: INFO memory: %w", err)
+	}
+	var maxmemory, policy string
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			maxmemory = v
+		case "maxmemory_policy":
+			policy = v
+		}
+	}
+	if maxmemory == "" || policy == "" {
+		return errors.New("redislock: check eviction: INFO memory reports no maxmemory or maxmemory_policy")
+	}
+	if maxmemory != "0" && policy != "noeviction" {
+		return fmt.Errorf("redislock: the server has maxmemory %s bytes and maxmemory-policy %s: it may evict a record before its expires-at (set maxmemory-policy noeviction)", maxmemory, policy)
+	}
+	return nil
 }
 
 // String describes the backend, for logs.
