@@ -1,8 +1,8 @@
 package redislock_test
 
 import (
-	"fmt"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
