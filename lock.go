@@ -155,8 +155,9 @@ func WithLogger(l *slog.Logger) LockOption {
 	return lockOption(func(c *lockConfig) { c.logger = l })
 }
 
-// WithSettleTimeout bounds the Complete or Release call after the body. The
-// default is DefaultSettleTimeout.
+// WithSettleTimeout bounds the Complete or Release call after the body
+// (a failing Complete is retried within it). The default is
+// DefaultSettleTimeout.
 func WithSettleTimeout(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.settle = d })
 }
@@ -207,7 +208,8 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 //     ErrDuplicate or ErrInProgress (a nested Lock's outcome): test with
 //     IsOwnDuplicate, not errors.Is, before acking a duplicate.
 //   - fn panics: the claim is released and the panic continues.
-//   - fn returns nil: Lock completes the key and returns nil. If Complete
+//   - fn returns nil: Lock completes the key and returns nil. A failed
+//     Complete is tried again until the settle timeout. If it still
 //     fails, or the claim was fenced out because fn outran its lease and
 //     another delivery took the key, Lock logs an error and still returns
 //     nil: the work happened, and reporting failure would make the message
@@ -312,10 +314,16 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		return true, ferr
 	}
 
+	// Complete is safe to retry, and a key left Claimed after the work ran
+	// would be reclaimed when its lease lapses (a republish, or a second
+	// subscription's copy, would then run the work again): a failure is
+	// tried again until the settle timeout.
 	var done bool
-	err = settle(ctx, cfg, func(ctx context.Context) (err error) {
-		done, err = b.Complete(ctx, c)
-		return err
+	err = settle(ctx, cfg, func(ctx context.Context) error {
+		return retry(ctx, func() (err error) {
+			done, err = b.Complete(ctx, c)
+			return err
+		})
 	})
 	switch {
 	case err != nil:
@@ -390,6 +398,26 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 			*c = cur
 			mu.Unlock()
 		})
+	}
+}
+
+// retry calls op until it returns nil or ctx ends, waiting a little longer
+// after each failure, and returns op's last error.
+func retry(ctx context.Context, op func() error) error {
+	wait := 20 * time.Millisecond
+	for {
+		err := op()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
 	}
 }
 

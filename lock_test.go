@@ -191,18 +191,49 @@ func TestLockAcksAndLogsWhenFencedOutByAReclaim(t *testing.T) {
 func TestLockAcksAndLogsWhenCompleteFails(t *testing.T) {
 	s, _ := newStore(t)
 	l, logger := newLogs()
-	s.FailNext(fake.OpComplete, errors.New("datastore unavailable"))
+	b := backendFunc{claim: s.Claim, release: s.Release,
+		complete: func(context.Context, store.Claim) (bool, error) {
+			return false, errors.New("datastore unavailable")
+		}}
 	sent := false
-	err := idempotency.Lock(t.Context(), s, "msg-6", func(context.Context) error {
+	err := idempotency.Lock(t.Context(), b, "msg-6", func(context.Context) error {
 		sent = true
 		return nil
-	}, idempotency.WithLogger(logger))
+	}, idempotency.WithLogger(logger), idempotency.WithSettleTimeout(200*time.Millisecond))
 	if err != nil || !sent {
 		t.Fatalf("err = %v sent = %v; want nil (ack) after the send", err, sent)
 	}
 	recs := l.find(t, "ERROR", "marking the key done failed")
 	if len(recs) != 1 || !strings.Contains(recs[0]["error"].(string), "datastore unavailable") {
 		t.Fatalf("want one error log carrying the store error; got %v", l.records(t))
+	}
+}
+
+// A Complete that fails once (a dropped connection, a busy server) must be
+// tried again within the settle timeout: a key left Claimed after the work
+// ran is reclaimed when its lease lapses, and a producer's republish or a
+// second subscription's copy then runs the work again.
+func TestLockRetriesATransientCompleteFailure(t *testing.T) {
+	s, clock := newStore(t)
+	l, logger := newLogs()
+	s.FailNext(fake.OpComplete, errors.New("connection reset"))
+	runs := 0
+	body := func(context.Context) error { runs++; return nil }
+	if err := idempotency.Lock(t.Context(), s, "msg-6b", body, idempotency.WithLogger(logger)); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Record("msg-6b"); rec.State != store.Done {
+		t.Fatalf("record %+v: one failed Complete left the key claimed", rec)
+	}
+	clock.Advance(store.DefaultLease + time.Minute)
+	if err := idempotency.Lock(t.Context(), s, "msg-6b", body); !errors.Is(err, idempotency.ErrDuplicate) {
+		t.Fatalf("a republish after the lease: %v, want ErrDuplicate", err)
+	}
+	if runs != 1 {
+		t.Fatalf("runs = %d, want 1", runs)
+	}
+	if recs := l.find(t, "ERROR", "marking the key done failed"); len(recs) != 0 {
+		t.Fatalf("a retried Complete that succeeded logged an error: %v", recs)
 	}
 }
 
