@@ -193,7 +193,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		c.lock.log().WarnContext(ctx, "idempotency: event has no key; running the handler unguarded (AllowUnguarded)",
 			"event_id", e.ID(), "event_type", e.Type())
 		if err := h(ctx, e); err != nil {
-			return nackable(err)
+			return nackable(nilSafe(err))
 		}
 		return nil
 	}
@@ -205,7 +205,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	}
 	ran, err := run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
 	if ran {
-		return c.bodyOutcome(ctx, e, key, err)
+		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}
 	return c.ownOutcome(ctx, e, key, err)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/protocol"
@@ -47,7 +48,7 @@ func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err
 	if errors.Is(err, ErrInProgress) {
 		attrs := []any{"message_key", key, "event_id", e.ID()}
 		var ip *InProgressError
-		if errors.As(err, &ip) {
+		if errors.As(err, &ip) && ip != nil {
 			attrs = append(attrs, "key", ip.Key)
 			if !ip.Until.IsZero() {
 				attrs = append(attrs, "until", ip.Until)
@@ -152,3 +153,30 @@ func (c *config) duplicate(ctx context.Context, key string) {
 		c.lock.log().ErrorContext(ctx, "idempotency: on-duplicate hook failed; ignored", "key", key, "error", err)
 	}
 }
+
+// nilSafe returns err, or, when err is a non-nil error holding a nil
+// pointer (a handler's "var e *MyError; return e"), an error that says so
+// and wraps it. Such an error is a failure like any other, but calling its
+// Error method may panic (in a log line, in the response body), and a
+// panic there would crash the request instead of nacking it.
+func nilSafe(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch v := reflect.ValueOf(err); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		if v.IsNil() {
+			return &nilValueError{err: err}
+		}
+	}
+	return err
+}
+
+// nilValueError is a handler's error that holds a nil pointer.
+type nilValueError struct{ err error }
+
+func (e *nilValueError) Error() string {
+	return fmt.Sprintf("idempotency: the handler returned a nil %T as its error", e.err)
+}
+
+func (e *nilValueError) Unwrap() error { return e.err }

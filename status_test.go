@@ -41,6 +41,11 @@ func failures() []failure {
 		failure{"wrapped ACK receipt", fmt.Errorf("x: %w", protocol.NewReceipt(true, "fine")), http.StatusInternalServerError},
 		failure{"nil result", (*cehttp.Result)(nil), http.StatusInternalServerError},
 		failure{"plain error", errors.New("boom"), http.StatusInternalServerError},
+		// Typed nils: a non-nil error holding a nil pointer is still a failure,
+		// and must neither crash the wrapper nor ack.
+		failure{"nil in-progress error", (*idempotency.InProgressError)(nil), http.StatusServiceUnavailable},
+		failure{"wrapped nil in-progress error", fmt.Errorf("inner: %w", (*idempotency.InProgressError)(nil)), http.StatusServiceUnavailable},
+		failure{"nil duplicate error", (*idempotency.DuplicateError)(nil), http.StatusInternalServerError},
 	)
 }
 
