@@ -224,6 +224,7 @@ func New(ctx context.Context, project string, opts ...Option) (*Backend, error) 
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("datastorelock: %w", err)
 	}
+	b.ttl = wholeMicros(b.ttl)
 	if b.kind == "" || strings.HasPrefix(b.kind, "__") {
 		return nil, fmt.Errorf("datastorelock: invalid kind %q", b.kind)
 	}
@@ -347,6 +348,14 @@ func decode(res *pb.EntityResult) (record, error) {
 			res.GetEntity().GetKey(), r.state, r.fence)
 	}
 	return r, nil
+}
+
+// wholeMicros rounds d up to a whole microsecond. Datastore keeps
+// timestamps in microseconds: instants are computed from bases in whole
+// microseconds plus durations rounded up this way, so what is stored is
+// exactly what a claim reports, never a fraction of a microsecond earlier.
+func wholeMicros(d time.Duration) time.Duration {
+	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
 }
 
 func (b *Backend) clock() time.Time { return b.now().UTC().Truncate(time.Microsecond) }
@@ -681,6 +690,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err := ctx.Err(); err != nil {
 		return store.Result{}, fmt.Errorf("datastorelock: claim %q: %w", key, err)
 	}
+	lease = wholeMicros(lease)
 	token := store.NewToken()
 	// pending is the latest lease that a write of this call whose reply
 	// was lost may have stored; lost is that write's error.
@@ -992,6 +1002,7 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
+	lease = wholeMicros(lease)
 	res, err := b.change(ctx, c, func(cur record, now time.Time) (record, bool) {
 		if !holds(cur, c) || cur.state != stateClaimed {
 			return cur, false
