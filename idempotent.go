@@ -149,7 +149,9 @@ func Disabled() bool {
 // handler's inner key it names both keys (key and message_key).
 //
 // If DisableEnv is set when Idempotent is called, it logs one warning and
-// returns the handler unchanged. Otherwise Idempotent panics, when it is
+// returns the handler unguarded: the backend is never called and
+// duplicates run again, but a failing handler's error still goes out as a
+// nack, as above. Otherwise Idempotent panics, when it is
 // called, on a nil backend, a non-positive lease or settle timeout, a nil
 // KeyFunc, or a prefix that breaks the WithKeyPrefix rule: these are mistakes in
 // the program, found at start-up.
@@ -157,7 +159,17 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 	cfg := newConfig(opts)
 	if Disabled() {
 		cfg.lock.log().Warn("idempotency: " + DisableEnv + " is set; handlers run unguarded and duplicates are NOT suppressed")
-		return func(h CloudEventFunc) CloudEventFunc { return h }
+		return func(h CloudEventFunc) CloudEventFunc {
+			if h == nil {
+				panic("idempotency.Idempotent: nil handler")
+			}
+			return func(ctx context.Context, e event.Event) error {
+				if err := h(ctx, e); err != nil {
+					return nackable(nilSafe(err))
+				}
+				return nil
+			}
+		}
 	}
 	if b == nil {
 		panic("idempotency.Idempotent: nil backend")

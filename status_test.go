@@ -132,3 +132,19 @@ func TestPushHandlerInnerContentionWithAnAckStatusStillNacks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The disable switch turns off duplicate suppression, not the failure
+// mapping: a failing handler still nacks through the real framework.
+func TestHTTPDisabledFailingHandlerStillNacks(t *testing.T) {
+	t.Setenv(idempotency.DisableEnv, "1")
+	for _, f := range failures() {
+		t.Run(f.name, func(t *testing.T) {
+			serve(t, idempotency.Idempotent(nil, idempotency.WithLogger(newDiscard()))(
+				func(context.Context, cloudevents.Event) error { return f.err }))
+			code, body := post(t, "eventarc_binary")
+			if pubsubAcks[code] || code < 400 || code > 599 {
+				t.Fatalf("HTTP %d %q: a failing handler was acked with the guard disabled", code, body)
+			}
+		})
+	}
+}
