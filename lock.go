@@ -156,7 +156,7 @@ func WithLogger(l *slog.Logger) LockOption {
 }
 
 // WithSettleTimeout bounds the Complete or Release call after the body
-// (a failing Complete is retried within it). The default is
+// (a failing call is retried within it). The default is
 // DefaultSettleTimeout.
 func WithSettleTimeout(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.settle = d })
@@ -234,8 +234,9 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 //   - Key held elsewhere, or completed by Lock: fn does not run; Mutex
 //     returns an *InProgressError (errors.Is ErrInProgress).
 //   - fn returns: the claim is released and Mutex returns fn's error
-//     unchanged (nil included). A failed Release is logged, not returned:
-//     the lease lapses by itself.
+//     unchanged (nil included). A Release that still fails after retries
+//     for the settle timeout is logged, not returned: the lease lapses by
+//     itself.
 //   - fn panics: the claim is released and the panic continues.
 //
 // Mutex excludes; it does not order. Calls that find the key busy must try
@@ -297,7 +298,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		}
 		// fn panicked or called runtime.Goexit: give the key back at once.
 		stopHeartbeat()
-		if err := settle(ctx, cfg, func(ctx context.Context) error { return b.Release(ctx, c) }); err != nil {
+		if err := settle(ctx, cfg, func(ctx context.Context) error { return retry(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
 			log.ErrorContext(ctx, "idempotency: release after a panic failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
@@ -307,7 +308,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	settled = true
 
 	if ferr != nil || mutex {
-		if err := settle(ctx, cfg, func(ctx context.Context) error { return b.Release(ctx, c) }); err != nil {
+		if err := settle(ctx, cfg, func(ctx context.Context) error { return retry(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}

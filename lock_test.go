@@ -316,15 +316,32 @@ func TestLockGoexitReleases(t *testing.T) {
 func TestLockReleaseFailureStillReturnsTheBodysError(t *testing.T) {
 	s, _ := newStore(t)
 	l, logger := newLogs()
-	s.FailNext(fake.OpRelease, errors.New("network down"))
+	b := backendFunc{claim: s.Claim, complete: s.Complete,
+		release: func(context.Context, store.Claim) error { return errors.New("network down") }}
 	bodyErr := errors.New("body failed")
-	err := idempotency.Lock(t.Context(), s, "msg-11", func(context.Context) error { return bodyErr },
-		idempotency.WithLogger(logger))
+	err := idempotency.Lock(t.Context(), b, "msg-11", func(context.Context) error { return bodyErr },
+		idempotency.WithLogger(logger), idempotency.WithSettleTimeout(200*time.Millisecond))
 	if err != bodyErr {
 		t.Fatalf("err = %v, want the body's error", err)
 	}
 	if len(l.find(t, "WARN", "release failed")) != 1 {
 		t.Fatalf("want a warning about the failed release; got %v", l.records(t))
+	}
+}
+
+// One failed Release (a dropped reply) must not leave a failed delivery's
+// key held for a whole lease: its redeliveries would be refused with 503
+// until then, each one spending a delivery attempt towards the dead-letter
+// topic.
+func TestLockRetriesATransientReleaseFailure(t *testing.T) {
+	s, _ := newStore(t)
+	s.FailNext(fake.OpRelease, errors.New("network down"))
+	bodyErr := errors.New("body failed")
+	if err := idempotency.Lock(t.Context(), s, "msg-11b", func(context.Context) error { return bodyErr }); err != bodyErr {
+		t.Fatalf("err = %v, want the body's error", err)
+	}
+	if rec, _ := s.Record("msg-11b"); rec.Fence != 2 || rec.State != store.Claimed {
+		t.Fatalf("record %+v: want released (fence 2) despite one failed Release", rec)
 	}
 }
 
@@ -480,9 +497,10 @@ func TestMutexOnAKeyCompletedByLockIsInProgress(t *testing.T) {
 func TestMutexReleaseFailureIsLoggedNotReturned(t *testing.T) {
 	s, _ := newStore(t)
 	l, logger := newLogs()
-	s.FailNext(fake.OpRelease, errors.New("network down"))
-	err := idempotency.Mutex(t.Context(), s, "po:PO-5", func(context.Context) error { return nil },
-		idempotency.WithLogger(logger))
+	b := backendFunc{claim: s.Claim, complete: s.Complete,
+		release: func(context.Context, store.Claim) error { return errors.New("network down") }}
+	err := idempotency.Mutex(t.Context(), b, "po:PO-5", func(context.Context) error { return nil },
+		idempotency.WithLogger(logger), idempotency.WithSettleTimeout(200*time.Millisecond))
 	if err != nil {
 		t.Fatalf("err = %v: the update was applied, reporting failure would apply it again", err)
 	}
