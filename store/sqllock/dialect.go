@@ -98,7 +98,10 @@ WHERE idem_key = $1 AND fence = $2 AND token = $5 AND state = 1 RETURNING lease_
 var SQLite = &Dialect{
 	name:  "sqlite",
 	quote: func(s string) string { return `"` + s + `"` },
-	now:   `CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)`,
+	// SQLite's clock is in whole milliseconds, but julianday is a float of
+	// days: round to the millisecond it stands for (a plain cast truncated
+	// about half of them to the millisecond before).
+	now: `CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)`,
 	schema: []string{
 		`CREATE TABLE IF NOT EXISTS {T} (
 	idem_key        BLOB PRIMARY KEY,

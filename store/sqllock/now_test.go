@@ -16,22 +16,23 @@ import (
 // ahead lets a racing Claim take a lease up to half a millisecond before
 // the LeaseExpiry its holder was given (and makes a lease of 2 ms last
 // barely 1 ms). Each engine's now expression is evaluated at pinned
-// instants inside a millisecond.
+// instants inside a millisecond (and SQLite's, whose julianday is a
+// float, at every millisecond of two seconds).
 func TestLeaseNeverEndsBeforeItsInstantNowIsTruncatedToTheMillisecond(t *testing.T) {
 	base := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
-	for _, frac := range []time.Duration{0, 1 * time.Microsecond, 400 * time.Microsecond, 500 * time.Microsecond, 600 * time.Microsecond, 999 * time.Microsecond} {
-		for _, ms := range []int{0, 1, 7, 123, 999} {
-			at := base.Add(time.Duration(ms)*time.Millisecond + frac)
-			want := at.UnixMilli()
-			for _, e := range engines {
-				db := e.open(t, e.dsn(t), nil)
-				expr := sqllock.NowSQL(e.dialect)
+	for _, e := range engines {
+		db := e.open(t, e.dsn(t), nil)
+		db.SetMaxOpenConns(1) // MySQL: the pinned session clock is the query's
+		expr := sqllock.NowSQL(e.dialect)
+		for _, frac := range []time.Duration{0, 1 * time.Microsecond, 400 * time.Microsecond, 500 * time.Microsecond, 600 * time.Microsecond, 999 * time.Microsecond} {
+			for _, ms := range []int{0, 1, 7, 123, 999} {
+				at := base.Add(time.Duration(ms)*time.Millisecond + frac)
+				want := at.UnixMilli()
 				var q string
 				switch e.name {
 				case "postgres":
 					q = "SELECT " + strings.ReplaceAll(expr, "clock_timestamp()", "'"+at.Format("2006-01-02 15:04:05.000000")+"+00'::timestamptz")
 				case "mysql":
-					db.SetMaxOpenConns(1)
 					if _, err := db.Exec(fmt.Sprintf("SET timestamp = %d.%06d", at.Unix(), at.Nanosecond()/1000)); err != nil {
 						t.Fatal(err)
 					}
@@ -47,8 +48,36 @@ func TestLeaseNeverEndsBeforeItsInstantNowIsTruncatedToTheMillisecond(t *testing
 				if got != want {
 					t.Errorf("%s: now at %s = %d ms, want %d (off by %d ms)", e.name, at.Format(time.RFC3339Nano), got, want, got-want)
 				}
-				db.Close()
 			}
 		}
+	}
+}
+
+// SQLite's now at consecutive milliseconds: julianday('now') is a float of
+// days, and a plain cast of its product truncates a value that lands a
+// hair under the millisecond (about one in two) to the millisecond
+// before. A Done record's ttl then ends, for a Claim whose now is exact,
+// up to a millisecond before completion time + ttl.
+func TestSQLiteNowIsExactAtEveryMillisecond(t *testing.T) {
+	db := engines[2].open(t, engines[2].dsn(t), nil)
+	expr := sqllock.NowSQL(sqllock.SQLite)
+	base := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
+	bad := 0
+	for i := range 2000 {
+		at := base.Add(time.Duration(i) * time.Millisecond)
+		var got int64
+		q := "SELECT " + strings.ReplaceAll(expr, "'now'", "'"+at.Format("2006-01-02 15:04:05.000")+"'")
+		if err := db.QueryRow(q).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != at.UnixMilli() {
+			bad++
+			if bad <= 3 {
+				t.Errorf("sqlite: now at %s = %d ms, want %d", at.Format(time.RFC3339Nano), got, at.UnixMilli())
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("sqlite: now off at %d of 2000 milliseconds", bad)
 	}
 }
