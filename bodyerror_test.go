@@ -184,3 +184,33 @@ func TestLockBodyErrorWrappingANestedOutcomeReleases(t *testing.T) {
 		})
 	}
 }
+
+// A body can hand back an error that looks like Lock's own duplicate on
+// the very key Lock holds: one it built itself, or one a nested Lock on
+// the same key returned from another backend, wrapped. The body ran and
+// failed, Lock released the key, so IsOwnDuplicate must say no, or the
+// caller acks a failed delivery.
+func TestIsOwnDuplicateIsNotForgedByTheBody(t *testing.T) {
+	other, _ := newStore(t)
+	completeSubKey(t, other, "m-1")
+	forged := map[string]func(ctx context.Context) error{
+		"built": func(context.Context) error { return &idempotency.DuplicateError{Key: "m-1"} },
+		"wrapped nested Lock on another backend": func(ctx context.Context) error {
+			err := idempotency.Lock(ctx, other, "m-1", func(context.Context) error { return nil })
+			return fmt.Errorf("legacy store: %w", err)
+		},
+	}
+	for name, body := range forged {
+		t.Run(name, func(t *testing.T) {
+			s, _ := newStore(t)
+			err := idempotency.Lock(t.Context(), s, "m-1", body)
+			if !errors.Is(err, idempotency.ErrDuplicate) {
+				t.Fatalf("err = %v: Lock must still hand the body's error back unchanged", err)
+			}
+			if idempotency.IsOwnDuplicate(err, "m-1") {
+				t.Fatalf("IsOwnDuplicate(%v, m-1) = true for a body's failure: the caller would ack it", err)
+			}
+			assertReleased(t, s, "m-1")
+		})
+	}
+}

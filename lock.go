@@ -30,6 +30,10 @@ type DuplicateError struct {
 	// Until is when duplicate suppression for the key ends; zero when the
 	// backend does not say.
 	Until time.Time
+
+	// fromLock marks an error Lock made itself, which IsOwnDuplicate
+	// requires: one a program builds is never taken for Lock's outcome.
+	fromLock bool
 }
 
 // Error names the key and, when known, when suppression ends.
@@ -48,9 +52,15 @@ func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
 // as opposed to an error fn returned that wraps a nested Lock's duplicate
 // on another key. Only the former may be acked: after the latter, Lock
 // released key and the message must come back.
+//
+// Lock returns its own duplicate as is, never wrapped, so IsOwnDuplicate
+// holds only for err itself being a *DuplicateError for key that a Lock
+// call made: not for one wrapped in another error, nor for one a program
+// built. The one case it cannot tell apart is a body that returns, as is,
+// the duplicate of a nested Lock on the same key (on another backend).
 func IsOwnDuplicate(err error, key string) bool {
-	var d *DuplicateError
-	return errors.As(err, &d) && d.Key == key
+	d, ok := err.(*DuplicateError)
+	return ok && d != nil && d.fromLock && d.Key == key
 }
 
 // ErrInProgress is returned by Lock and Mutex when another holder's lease on
@@ -275,7 +285,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		if mutex {
 			return false, &InProgressError{Key: key, Until: res.Until, Done: true}
 		}
-		return false, &DuplicateError{Key: key, Until: res.Until}
+		return false, &DuplicateError{Key: key, Until: res.Until, fromLock: true}
 	case store.HeldByOther:
 		return false, &InProgressError{Key: key, Until: res.Until}
 	default:
