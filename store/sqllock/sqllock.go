@@ -236,12 +236,17 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 	var err error
 	for attempt := 0; ; attempt++ {
 		err = op()
+		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			// The call did not finish because ctx ended: say so, whatever
+			// the attempt's own error was (a broken connection, a dial).
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
+		}
 		if err == nil || attempt >= b.retries || ctx.Err() != nil || !transient(err) || errors.Is(err, errUnknownOutcome) {
 			return err
 		}
 		select {
 		case <-ctx.Done():
-			return err
+			return fmt.Errorf("%w: %w", ctx.Err(), err)
 		case <-time.After(time.Duration(10<<min(attempt, 5)) * time.Millisecond):
 		}
 	}
