@@ -14,7 +14,10 @@
 // (the winning claim's token). The key is set to expire at e with
 // PEXPIREAT, so Redis deletes a record exactly when the contract allows and
 // not before. A Redis that loses writes on restart (no AOF, no replica)
-// loses records with them: a delivery in flight may then run twice.
+// loses records with them: a delivery in flight may then run twice. So
+// does a failover to a replica that had not yet received the latest
+// writes (replication is asynchronous; Memorystore's standard tier fails
+// over this way).
 //
 // Complete, Release and Extend act on a record only when both its fence
 // and its token are the claim's: the fence decides, as the port says, and
