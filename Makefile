@@ -1,13 +1,18 @@
 # The README's two set-up commands are `make demo` and `make test`.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# Every package of every module of the workspace (go.work): the root module
+# and each module under it (store/<backend>, function_example, e2e).
+MOD := github.com/gcp-pubsub-idempotency/idempotency
+ALL := $(MOD)/...
 
-.PHONY: test check services demo e2e function-source bench storm
+.PHONY: test check services demo e2e function-source bench storm consumer-graph
 
 # Everything CI runs: formatting, vet, staticcheck, and every test under the
 # race detector, with every backend against its real server: a missing
 # server fails the run instead of skipping it.
 test: check services
-	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 -timeout 30m ./...
+	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 -timeout 30m $(ALL)
+	./scripts/consumer-graph.sh
 	FUZZTIME=20000x ./scripts/fuzz.sh
 
 # Install the servers the backend tests start (redis-server, ...).
@@ -16,8 +21,9 @@ services:
 
 check:
 	@out="$$(find . -name '*.go' -not -path './build/*' -not -path '*/vendor/*' -print0 | xargs -0 gofmt -l)"; if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	go vet ./...
-	go run $(STATICCHECK) ./...
+	./scripts/tidy.sh
+	go vet $(ALL)
+	go run $(STATICCHECK) $(ALL)
 
 # The example function on the in-memory store: one order delivered three
 # times, sent to the supplier once.
@@ -26,7 +32,7 @@ demo:
 
 # The end-to-end scenarios and the crash storm alone (also part of make test).
 e2e: services
-	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -count=1 -v ./e2e
+	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -count=1 -v $(MOD)/e2e
 
 # The crash storm at scale, on Datastore, Redis and PostgreSQL in turn: at
 # least 1000 orders on 8 instances each, with the figures (orders,
@@ -37,7 +43,7 @@ STORM_ORDERS ?= 1000
 STORM_INSTANCES ?= 8
 storm: services
 	STORM_ORDERS=$(STORM_ORDERS) STORM_INSTANCES=$(STORM_INSTANCES) IDEMPOTENCY_REQUIRE_SERVICES=1 \
-		go test -count=1 -v -timeout 3h -run '^TestCrashStorm$$' ./e2e
+		go test -count=1 -v -timeout 3h -run '^TestCrashStorm$$' $(MOD)/e2e
 
 # The directory to deploy the example function from (see the README).
 function-source:
@@ -51,4 +57,9 @@ fuzz:
 	./scripts/fuzz.sh
 
 bench:
-	go test -run '^$$' -bench . -benchtime 2s -count 3 ./...
+	go test -run '^$$' -bench . -benchtime 2s -count 3 $(ALL)
+
+# What a user's module graph holds when it imports the root package and one
+# backend: fails if a backend brings another backend's driver.
+consumer-graph:
+	./scripts/consumer-graph.sh

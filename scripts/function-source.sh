@@ -19,17 +19,24 @@ rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cp "$repo/function_example/function.go" "$repo/function_example/buildpack.go" "$out/"
-cat >"$out/go.mod" <<GOMOD
-module example.com/orders-function
-
-go 1.26
-
-require github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
-
-// Only vendor/ is read when building: go build uses it whenever it exists.
-replace github.com/gcp-pubsub-idempotency/idempotency => $repo
-GOMOD
+M=github.com/gcp-pubsub-idempotency/idempotency
+# The function needs the root module, every backend module it may pick at
+# run time (IDEMPOTENCY_BACKEND) and the example's module (its orders
+# package); none is published yet, so each is replaced by this checkout's
+# copy and then vendored.
+{
+	printf 'module example.com/orders-function\n\ngo 1.26\n\nrequire (\n'
+	printf '\t%s v0.0.0-00010101000000-000000000000\n' "$M" "$M/store/datastorelock" "$M/store/redislock" "$M/store/sqllock" "$M/function_example"
+	printf ')\n\n// Only vendor/ is read when building: go build uses it whenever it exists.\nreplace (\n'
+	printf '\t%s => %s\n' "$M" "$repo"
+	for m in store/datastorelock store/redislock store/sqllock function_example; do
+		printf '\t%s => %s\n' "$M/$m" "$repo/$m"
+	done
+	printf ')\n'
+} >"$out/go.mod"
 cd "$out"
+# The directory is a module of its own, outside this repository's go.work.
+export GOWORK=off
 go mod tidy
 go mod vendor
 echo "wrote $out ($(du -sh "$out" | cut -f1)); deploy it with --source=$out"
