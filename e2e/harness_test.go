@@ -140,9 +140,7 @@ go 1.26
 require example.com/orders-function v0.0.0-00010101000000-000000000000
 
 replace example.com/orders-function => %s
-
-replace github.com/gcp-pubsub-idempotency/idempotency => %s
-`, fn, repo)
+%s`, fn, localReplaces(repo))
 	if err := os.WriteFile(filepath.Join(app, "go.mod"), []byte(gomod), 0o644); err != nil {
 		return "", err
 	}
@@ -155,12 +153,27 @@ replace github.com/gcp-pubsub-idempotency/idempotency => %s
 	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-trimpath", "-o", bin, "."}} {
 		cmd := exec.Command("go", args...)
 		cmd.Dir = app
-		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
 	return bin, nil
+}
+
+// localReplaces is the replace directives that build a scratch module
+// against this checkout: the root module, each backend module and the
+// example's module (none is published).
+func localReplaces(repo string) string {
+	const m = "github.com/gcp-pubsub-idempotency/idempotency"
+	var b strings.Builder
+	b.WriteString("\nreplace (\n")
+	fmt.Fprintf(&b, "\t%s => %s\n", m, repo)
+	for _, sub := range []string{"store/datastorelock", "store/redislock", "store/sqllock", "function_example"} {
+		fmt.Fprintf(&b, "\t%s/%s => %s\n", m, sub, filepath.Join(repo, sub))
+	}
+	b.WriteString(")\n")
+	return b.String()
 }
 
 // pubsub talks to the emulator's REST API for one project.

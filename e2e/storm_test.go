@@ -705,7 +705,7 @@ func brokenServer(t *testing.T) string {
 			brokenErr = errors.New("the generated main no longer imports the function package as expected")
 			return
 		}
-		gomod := fmt.Sprintf("module functions.local/broken\n\ngo 1.26\n\nrequire github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000\n\nreplace github.com/gcp-pubsub-idempotency/idempotency => %s\n", repo)
+		gomod := "module functions.local/broken\n\ngo 1.26\n\nrequire github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000\n" + localReplaces(repo)
 		for name, text := range map[string]string{"go.mod": gomod, "main.go": main, "broken.go": brokenRegistration} {
 			if err := os.MkdirAll(app, 0o755); err != nil {
 				brokenErr = err
@@ -720,7 +720,7 @@ func brokenServer(t *testing.T) string {
 		for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", bin, "."}} {
 			cmd := exec.Command("go", args...)
 			cmd.Dir = app
-			cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+			cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				brokenErr = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 				return
