@@ -1,167 +1,258 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"log/slog"
+	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
-	"github.com/google/go-cmp/cmp"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// pubsubEvent builds a Pub/Sub CloudEvent with the given message fields.
-func pubsubEvent(t *testing.T, id string, message map[string]any) cloudevents.Event {
-	t.Helper()
-	e := cloudevents.NewEvent()
-	e.SetID(id)
-	e.SetSource("//pubsub.googleapis.com/projects/p/topics/t")
-	e.SetType(idempotency.PubSubEventType)
-	if err := e.SetData(cloudevents.ApplicationJSON, map[string]any{"message": message}); err != nil {
-		t.Fatal(err)
-	}
-	return e
-}
-
-func payload(v any) string {
-	b, _ := json.Marshal(v)
-	return base64.StdEncoding.EncodeToString(b)
-}
-
-func TestParsePubSub(t *testing.T) {
-	e := cloudevents.NewEvent()
-	e.SetID("ce-1")
-	e.SetType(idempotency.PubSubEventType)
-	e.SetSource("//pubsub.googleapis.com/projects/p/topics/t")
-	e.SetData(cloudevents.ApplicationJSON, map[string]any{
-		"message": map[string]any{
-			"messageId":   "m-1",
-			"data":        payload("hi"),
-			"attributes":  map[string]string{"a": "b"},
-			"orderingKey": "ok-1",
-			"publishTime": "2026-11-29T12:00:00.5Z",
-		},
-		"subscription":    "projects/p/subscriptions/s",
-		"deliveryAttempt": 3,
-	})
-	got, err := idempotency.ParsePubSub(e)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := idempotency.PubSubEvent{
-		Message: idempotency.PubSubMessage{
-			ID:          "m-1",
-			Data:        []byte(`"hi"`),
-			Attributes:  map[string]string{"a": "b"},
-			OrderingKey: "ok-1",
-			PublishTime: epoch.Add(500 * time.Millisecond),
-		},
-		Subscription:    "projects/p/subscriptions/s",
-		DeliveryAttempt: 3,
-	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Fatalf("(-want +got):\n%s", diff)
-	}
-}
-
-func TestMessageIDResolutionOrder(t *testing.T) {
-	key := idempotency.MessageID()
-	cases := []struct {
-		name    string
-		typ     string
-		message map[string]any
-		want    string
-	}{
-		{"messageId first", idempotency.PubSubEventType, map[string]any{"messageId": "a", "message_id": "b"}, "a"},
-		{"then message_id", idempotency.PubSubEventType, map[string]any{"message_id": "b"}, "b"},
-		{"then the CloudEvent id for a Pub/Sub event", idempotency.PubSubEventType, map[string]any{}, "ce-id"},
-		{"no fallback for another type", "com.example.v1", map[string]any{}, ""},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e := pubsubEvent(t, "ce-id", c.message)
-			e.SetType(c.typ)
-			got, err := key(e)
-			if err != nil || got != c.want {
-				t.Fatalf("key = %q, %v; want %q", got, err, c.want)
+func TestHTTPEveryFixtureShapeIsKeyedByMessageID(t *testing.T) {
+	for _, name := range []string{"eventarc_binary", "eventarc_structured", "push_raw"} {
+		t.Run(name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			serve(t, idempotency.Idempotent(s)(h.handle))
+			if code, body := post(t, name); code != http.StatusOK {
+				t.Fatalf("first delivery: %d %s", code, body)
+			}
+			if _, ok := s.Record("11223344556677"); !ok {
+				t.Fatal("no record under the messageId")
+			}
+			if code, body := post(t, name); code != http.StatusOK {
+				t.Fatalf("redelivery: %d %s, want 200 (ack)", code, body)
+			}
+			if h.runs() != 1 {
+				t.Fatalf("handler ran %d times, want 1", h.runs())
 			}
 		})
 	}
 }
 
-func TestMalformedEventsAreErrors(t *testing.T) {
-	notJSON := cloudevents.NewEvent()
-	notJSON.SetID("x")
-	notJSON.SetData("text/plain", []byte("hello"))
-	noMessage := cloudevents.NewEvent()
-	noMessage.SetID("y")
-	noMessage.SetData(cloudevents.ApplicationJSON, map[string]any{"subscription": "s"})
-	badBase64 := cloudevents.NewEvent()
-	badBase64.SetID("z")
-	badBase64.SetData(cloudevents.ApplicationJSON, map[string]any{"message": map[string]any{"data": "%%%"}})
-	for name, e := range map[string]cloudevents.Event{"not JSON": notJSON, "no message": noMessage} {
-		if _, err := idempotency.MessageID()(e); !errors.Is(err, idempotency.ErrMalformedEvent) {
-			t.Errorf("MessageID, %s: err = %v, want ErrMalformedEvent", name, err)
+func TestHTTPDoubleSubscriptionProcessesOnce(t *testing.T) {
+	// Eventarc's subscription and a plain push subscription on the same topic
+	// deliver the same publish: one messageId, one run.
+	s, _ := newStore(t)
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s)(h.handle))
+	for _, name := range []string{"eventarc_binary", "push_raw", "eventarc_structured"} {
+		if code, body := post(t, name); code != http.StatusOK {
+			t.Fatalf("%s: %d %s", name, code, body)
 		}
 	}
-	for name, e := range map[string]cloudevents.Event{"not JSON": notJSON, "no message": noMessage, "bad base64": badBase64} {
-		if _, err := idempotency.ParsePubSub(e); !errors.Is(err, idempotency.ErrMalformedEvent) {
-			t.Errorf("ParsePubSub, %s: err = %v, want ErrMalformedEvent", name, err)
-		}
-	}
-	// The default key reads only the ids: a payload it cannot decode is the
-	// handler's business, not a reason to refuse the delivery.
-	if k, err := idempotency.MessageID()(badBase64); k != "" || err != nil {
-		t.Errorf("MessageID of a bad payload without ids = %q, %v; want unkeyed", k, err)
+	if h.runs() != 1 {
+		t.Fatalf("handler ran %d times across two subscriptions, want 1", h.runs())
 	}
 }
 
-func TestAttributeKey(t *testing.T) {
-	e := pubsubEvent(t, "1", map[string]any{"messageId": "1", "attributes": map[string]string{"po_id": "PO-7"}})
-	if k, err := idempotency.Attribute("po_id")(e); k != "PO-7" || err != nil {
-		t.Fatalf("Attribute(po_id) = %q, %v", k, err)
+func TestHTTPHandlerErrorIs500AndTheRetrySucceeds(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{err: fmt.Errorf("supplier said 502")}
+	serve(t, idempotency.Idempotent(s)(h.handle))
+	if code, _ := post(t, "eventarc_binary"); code != http.StatusInternalServerError || returned() != h.err {
+		t.Fatalf("failing handler: %d %v, want 500 and the handler's own error", code, returned())
 	}
-	if k, err := idempotency.Attribute("missing")(e); k != "" || err != nil {
-		t.Fatalf("Attribute(missing) = %q, %v; want unkeyed", k, err)
+	h.mu.Lock()
+	h.err = nil
+	h.mu.Unlock()
+	if code, _ := post(t, "eventarc_binary"); code != http.StatusOK {
+		t.Fatalf("retry: %d", code)
+	}
+	if code, _ := post(t, "eventarc_binary"); code != http.StatusOK {
+		t.Fatalf("duplicate after success: %d", code)
+	}
+	if h.runs() != 2 {
+		t.Fatalf("runs = %d, want 2 (the failure and the success)", h.runs())
 	}
 }
 
-func TestJSONFieldKey(t *testing.T) {
-	e := pubsubEvent(t, "1", map[string]any{"messageId": "1", "data": payload(map[string]any{
-		"order": map[string]any{"id": "PO-9", "n": 12345678901234567, "paid": true, "none": nil, "lines": []int{1}},
-	})})
+func TestHTTPContentionIsAQuiet503WithTheDeliveryAttempt(t *testing.T) {
+	s, _ := newStore(t)
+	l, logger := newLogs()
+	if _, err := s.Claim(t.Context(), "11223344556677", time.Hour); err != nil { // a live holder elsewhere
+		t.Fatal(err)
+	}
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s, idempotency.WithLogger(logger))(h.handle))
+	code, body := post(t, "eventarc_binary")
+	if code != http.StatusServiceUnavailable || !errors.Is(returned(), idempotency.ErrInProgress) {
+		t.Fatalf("contended delivery: %d %s %v, want 503 wrapping ErrInProgress", code, body, returned())
+	}
+	if h.runs() != 0 {
+		t.Fatal("the handler ran under contention")
+	}
+	warns := l.find(t, "WARN", "in progress elsewhere")
+	if len(warns) != 1 {
+		t.Fatalf("want one warning, got %v", l.records(t))
+	}
+	w := warns[0]
+	if w["key"] != "11223344556677" || w["delivery_attempt"] != float64(5) ||
+		!strings.HasPrefix(w["subscription"].(string), "projects/my-project/subscriptions/") || w["until"] == nil {
+		t.Fatalf("warning lacks key, delivery_attempt, subscription or until: %v", w)
+	}
+	if errs := l.find(t, "ERROR", ""); len(errs) != 0 {
+		t.Fatalf("contention logged errors: %v", errs)
+	}
+}
+
+func TestHTTPUnkeyedFailsClosedUnlessAllowed(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s)(h.handle))
+	code, _ := post(t, "unkeyed")
+	if code != http.StatusBadRequest || !errors.Is(returned(), idempotency.ErrNoKey) {
+		t.Fatalf("unkeyed: %d %v, want 400 (a nack) and ErrNoKey", code, returned())
+	}
+	if h.runs() != 0 || s.Len() != 0 {
+		t.Fatalf("runs=%d records=%d, want none", h.runs(), s.Len())
+	}
+	l, logger := newLogs()
+	serve(t, idempotency.Idempotent(s, idempotency.AllowUnguarded(), idempotency.WithLogger(logger))(h.handle))
+	if code, body := post(t, "unkeyed"); code != http.StatusOK {
+		t.Fatalf("unkeyed with AllowUnguarded: %d %s", code, body)
+	}
+	if h.runs() != 1 || s.Len() != 0 || len(l.find(t, "WARN", "unguarded")) != 1 {
+		t.Fatalf("runs=%d records=%d logs=%v; want 1 unguarded run with a warning", h.runs(), s.Len(), l.records(t))
+	}
+}
+
+func TestHTTPMalformedDataIsRefused(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s, idempotency.AllowUnguarded())(h.handle))
+	code, _ := post(t, "malformed")
+	if code != http.StatusBadRequest || !errors.Is(returned(), idempotency.ErrMalformedEvent) {
+		t.Fatalf("malformed: %d %v, want 400 (a nack) and ErrMalformedEvent", code, returned())
+	}
+	if h.runs() != 0 {
+		t.Fatal("the handler ran on malformed data, even with AllowUnguarded")
+	}
+}
+
+func TestHTTPBusinessKeyCatchesARepublish(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s,
+		idempotency.WithKey(idempotency.Attribute("po_id")),
+		idempotency.WithKeyPrefix("orders:"),
+	)(h.handle))
+	for _, name := range []string{"eventarc_binary", "republish"} {
+		if code, body := post(t, name); code != http.StatusOK {
+			t.Fatalf("%s: %d %s", name, code, body)
+		}
+	}
+	if h.runs() != 1 {
+		t.Fatalf("handler ran %d times for one order published twice, want 1", h.runs())
+	}
+	if _, ok := s.Record("orders:PO-1001"); !ok {
+		t.Fatal("no record under the prefixed business key")
+	}
+}
+
+func TestHTTPMessageIDDoesNotCatchARepublish(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s)(h.handle))
+	post(t, "eventarc_binary")
+	post(t, "republish")
+	if h.runs() != 2 {
+		t.Fatalf("runs = %d: a republish has a new messageId and is a new delivery to the default key", h.runs())
+	}
+}
+
+func TestCancelledContexts(t *testing.T) {
+	e := func(t *testing.T) cloudevents.Event { return pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"}) }
+	t.Run("before the claim: nack, handler not run, nothing written", func(t *testing.T) {
+		s, _ := newStore(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		err := idempotency.Idempotent(s)(func(context.Context, cloudevents.Event) error { t.Error("ran"); return nil })(ctx, e(t))
+		if !errors.Is(err, context.Canceled) || s.Len() != 0 {
+			t.Fatalf("err %v, records %d; want context.Canceled and none", err, s.Len())
+		}
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"message":{"messageId":"m-1"}}`)).WithContext(ctx)
+		w := httptest.NewRecorder()
+		idempotency.PushHandler(s, func(context.Context, cloudevents.Event) error { t.Error("ran"); return nil },
+			idempotency.WithLogger(newDiscard())).ServeHTTP(w, r)
+		if w.Code != http.StatusInternalServerError || s.Len() != 0 {
+			t.Fatalf("PushHandler: HTTP %d, records %d; want 500 and none", w.Code, s.Len())
+		}
+	})
+	t.Run("during the body: the body's error, released on a detached context", func(t *testing.T) {
+		s, _ := newStore(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		err := idempotency.Idempotent(s)(func(ctx context.Context, _ cloudevents.Event) error {
+			cancel()
+			return ctx.Err()
+		})(ctx, e(t))
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("err %v, want the body's context.Canceled", err)
+		}
+		assertReleased(t, s, "m-1")
+	})
+	t.Run("after the body: completed on a detached context, acked", func(t *testing.T) {
+		s, _ := newStore(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		err := idempotency.Idempotent(s)(func(context.Context, cloudevents.Event) error { cancel(); return nil })(ctx, e(t))
+		if rec, _ := s.Record("m-1"); err != nil || rec.State != store.Done {
+			t.Fatalf("err %v, record %+v; want nil and done", err, rec)
+		}
+	})
+}
+
+// Through the functions framework: what the framework hands Idempotent for
+// a wrong content type or an empty body, and what goes back.
+func TestHTTPContentTypeAndEmptyBody(t *testing.T) {
+	raw := `{"message":{"messageId":"m-1","data":"e30="}}`
 	cases := []struct {
-		path    []string
-		want    string
-		wantErr bool
+		name string
+		body string
+		head map[string]string
+		want int
+		runs int
 	}{
-		{[]string{"order", "id"}, "PO-9", false},
-		{[]string{"order", "n"}, "12345678901234567", false}, // no float rounding
-		{[]string{"order", "paid"}, "true", false},
-		{[]string{"order", "none"}, "", false},
-		{[]string{"order", "absent"}, "", false},
-		{[]string{"order", "id", "deeper"}, "", false},
-		{[]string{"order", "lines"}, "", true},
-		{[]string{"order"}, "", true},
+		{"binary CloudEvent, data as text/plain", raw, map[string]string{"Content-Type": "text/plain", "Ce-Id": "m-1",
+			"Ce-Type": idempotency.PubSubEventType, "Ce-Specversion": "1.0", "Ce-Source": "//pubsub.googleapis.com/projects/p/topics/t"}, 200, 1},
+		{"binary CloudEvent with no data", "", map[string]string{"Ce-Id": "m-1",
+			"Ce-Type": idempotency.PubSubEventType, "Ce-Specversion": "1.0", "Ce-Source": "//pubsub.googleapis.com/projects/p/topics/t"}, 400, 0},
+		{"empty body, no headers", "", nil, 400, 0},
+		{"empty structured CloudEvent", "", map[string]string{"Content-Type": "application/cloudevents+json"}, 500, 0},
+		{"raw envelope as text/plain", raw, map[string]string{"Content-Type": "text/plain"}, 200, 1},
 	}
 	for _, c := range cases {
-		got, err := idempotency.JSONField(c.path...)(e)
-		if got != c.want || (err != nil) != c.wantErr {
-			t.Errorf("JSONField(%q) = %q, %v; want %q, error %v", c.path, got, err, c.want, c.wantErr)
-		}
-	}
-	notJSON := pubsubEvent(t, "2", map[string]any{"messageId": "2", "data": base64.StdEncoding.EncodeToString([]byte("<xml/>"))})
-	if _, err := idempotency.JSONField("id")(notJSON); !errors.Is(err, idempotency.ErrMalformedEvent) {
-		t.Fatalf("non-JSON payload: %v, want ErrMalformedEvent", err)
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			serve(t, idempotency.Idempotent(s, idempotency.WithLogger(newDiscard()))(h.handle))
+			req, err := http.NewRequest(http.MethodPost, serverURL+"/projects/p/topics/t", bytes.NewReader([]byte(c.body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range c.head {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != c.want || h.runs() != c.runs {
+				t.Fatalf("HTTP %d %q, runs %d; want %d and %d runs", resp.StatusCode, b, h.runs(), c.want, c.runs)
+			}
+		})
 	}
 }
 
@@ -230,23 +321,6 @@ func TestIdempotentOnDuplicateHookNeverChangesTheAck(t *testing.T) {
 	}
 }
 
-func TestIdempotentInnerMutexContentionIsA503(t *testing.T) {
-	s, _ := newStore(t)
-	s.Claim(t.Context(), "po:PO-1", time.Hour) // another update holds the entity
-	h := idempotency.Idempotent(s)(func(ctx context.Context, e cloudevents.Event) error {
-		return idempotency.Mutex(ctx, s, "po:PO-1", func(context.Context) error { return nil })
-	})
-	err := h(t.Context(), pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"}))
-	var res *cehttp.Result
-	if !errors.As(err, &res) || res.StatusCode != http.StatusServiceUnavailable || !errors.Is(err, idempotency.ErrInProgress) {
-		t.Fatalf("err = %v, want a 503 result wrapping ErrInProgress", err)
-	}
-	// The message key was released, not completed: the retry runs.
-	if rec, _ := s.Record("m-1"); rec.State != store.Claimed || rec.Fence != 2 {
-		t.Fatalf("message record %+v, want released", rec)
-	}
-}
-
 func TestIdempotentDisableSwitch(t *testing.T) {
 	for _, v := range []string{"1", "true", "TRUE", "Yes", " on "} {
 		t.Run(v, func(t *testing.T) {
@@ -277,8 +351,6 @@ func TestIdempotentDisableSwitch(t *testing.T) {
 	idempotency.Idempotent(nil, idempotency.WithLogger(newDiscard()))
 }
 
-func newDiscard() *slog.Logger { _, l := newLogs(); return l }
-
 func TestIdempotentPanicsOnProgrammingMistakes(t *testing.T) {
 	s, _ := newStore(t)
 	cases := map[string]func(){
@@ -302,18 +374,39 @@ func TestIdempotentPanicsOnProgrammingMistakes(t *testing.T) {
 	}
 }
 
-func TestNewLogHandlerSpeaksCloudLogging(t *testing.T) {
-	l := &logs{}
-	logger := slog.New(idempotency.NewLogHandler(l, slog.LevelDebug))
-	logger.Warn("held", "key", "k")
-	logger.Error("broken")
-	logger.Debug("detail")
-	logger.WithGroup("g").Info("grouped", "level", "x")
-	var got []string
-	for _, r := range l.records(t) {
-		got = append(got, r["severity"].(string)+":"+r["message"].(string))
+// A key the port refuses (NUL byte, or pushed past MaxKeyLen by the
+// prefix) is an error before the backend is called; a key of exactly
+// MaxKeyLen bytes, or one that is not UTF-8, is a key like any other.
+func TestKeysThePortRefusesNeverReachTheBackend(t *testing.T) {
+	long := strings.Repeat("k", 1024)
+	for name, key := range map[string]string{"NUL": "a\x00b", "over MaxKeyLen with the prefix": long[:1020]} {
+		t.Run(name, func(t *testing.T) {
+			h := idempotency.Idempotent(untouchable(t), idempotency.WithKeyPrefix("orders:"),
+				idempotency.WithKey(func(cloudevents.Event) (string, error) { return key, nil }))(
+				func(context.Context, cloudevents.Event) error { t.Error("handler ran"); return nil })
+			err := h(t.Context(), pubsubEvent(t, "m", map[string]any{"messageId": "m"}))
+			var res *cehttp.Result
+			if !errors.Is(err, store.ErrInvalidKey) || !errors.As(err, &res) || res.StatusCode != http.StatusBadRequest {
+				t.Fatalf("err %v: want a 400 result wrapping store.ErrInvalidKey", err)
+			}
+		})
 	}
-	if want := []string{"WARNING:held", "ERROR:broken", "DEBUG:detail", "INFO:grouped"}; !cmp.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
+	for name, key := range map[string]string{"1 KiB": long, "not UTF-8": "\xff\xfe\x80"} {
+		t.Run(name, func(t *testing.T) {
+			s, _ := newStore(t)
+			runs := 0
+			h := idempotency.Idempotent(s, idempotency.WithKey(func(cloudevents.Event) (string, error) { return key, nil }))(
+				func(context.Context, cloudevents.Event) error { runs++; return nil })
+			e := pubsubEvent(t, "m", map[string]any{"messageId": "m"})
+			if err := h(t.Context(), e); err != nil {
+				t.Fatal(err)
+			}
+			if err := h(t.Context(), e); err != nil || runs != 1 {
+				t.Fatalf("redelivery: %v, runs %d; want an ack and one run", err, runs)
+			}
+			if _, ok := s.Record(key); !ok {
+				t.Fatal("no record under the exact key")
+			}
+		})
 	}
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
+	"math"
 	"sync"
 	"time"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -97,104 +98,6 @@ func (e *InProgressError) Error() string {
 // Is reports whether target is ErrInProgress.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
-// DefaultSettleTimeout bounds the Complete or Release call that follows the
-// body. That call runs on a context detached from the caller's cancellation,
-// so a request that ends the moment the work ends still records the outcome.
-const DefaultSettleTimeout = 10 * time.Second
-
-type lockConfig struct {
-	lease     time.Duration
-	settle    time.Duration
-	heartbeat time.Duration
-	logger    *slog.Logger
-}
-
-func (c *lockConfig) log() *slog.Logger {
-	if c.logger != nil {
-		return c.logger
-	}
-	return slog.Default()
-}
-
-func (c *lockConfig) validate() error {
-	if err := store.ValidateLease(c.lease); err != nil {
-		return err
-	}
-	if c.settle <= 0 {
-		return fmt.Errorf("idempotency: settle timeout %v is not positive", c.settle)
-	}
-	if c.heartbeat < 0 || (c.heartbeat > 0 && c.heartbeat >= c.lease) {
-		return fmt.Errorf("idempotency: heartbeat %v must be positive and shorter than the lease %v", c.heartbeat, c.lease)
-	}
-	return nil
-}
-
-func newLockConfig() lockConfig {
-	return lockConfig{lease: store.DefaultLease, settle: DefaultSettleTimeout}
-}
-
-// Option configures Idempotent.
-type Option interface {
-	applyIdempotent(*config)
-}
-
-// LockOption configures Lock and Mutex. Every LockOption is also an Option
-// for Idempotent.
-type LockOption interface {
-	Option
-	applyLock(*lockConfig)
-}
-
-type lockOption func(*lockConfig)
-
-func (f lockOption) applyLock(c *lockConfig)   { f(c) }
-func (f lockOption) applyIdempotent(c *config) { f(&c.lock) }
-
-// WithLease sets the lease of each claim: how long the holder owns the key
-// before another delivery may take it over. It must exceed the longest run
-// of the guarded work. The default is store.DefaultLease (15 minutes). A
-// lease that is not positive makes Lock and Mutex return an error wrapping
-// store.ErrInvalidLease, and makes Idempotent panic.
-func WithLease(d time.Duration) LockOption {
-	return lockOption(func(c *lockConfig) { c.lease = d })
-}
-
-// WithLogger sets where warnings and errors go. The default is
-// slog.Default() at the time of the call.
-func WithLogger(l *slog.Logger) LockOption {
-	return lockOption(func(c *lockConfig) { c.logger = l })
-}
-
-// WithSettleTimeout bounds the Complete or Release call after the body
-// (a failing call is retried within it). The default is
-// DefaultSettleTimeout.
-func WithSettleTimeout(d time.Duration) LockOption {
-	return lockOption(func(c *lockConfig) { c.settle = d })
-}
-
-// WithHeartbeat renews the lease every interval while the body runs, on
-// backends that implement store.Extender (all of this module's do), so
-// work that may outlast its lease keeps its claim instead of letting a
-// redelivery take the key and run the work a second time. Each renewal
-// extends the lease to a full lease from that moment. If a renewal finds
-// the claim lost (another delivery took the key), the body's context is
-// cancelled, with a cause wrapping store.ErrLost (see context.Cause). A
-// failed renewal for any other reason is logged and tried again at the
-// next tick. Renewals run on a context detached from the request's
-// cancellation and stop only when the body returns: a body that outlives
-// its request (it ignored the cancellation) is still doing the work, and
-// letting its lease lapse would let a redelivery run the work a second
-// time beside it. A body stuck for good holds the key until its process
-// ends; then the lease lapses and the key frees.
-//
-// interval must be shorter than the lease (a third of it leaves room for
-// two failed renewals); Lock and Mutex return an error, and Idempotent
-// panics, otherwise. The default is no heartbeat. On a backend without
-// Extend, the option is ignored with a warning.
-func WithHeartbeat(interval time.Duration) LockOption {
-	return lockOption(func(c *lockConfig) { c.heartbeat = interval })
-}
-
 type claimKey struct{}
 
 // ClaimFrom returns the claim under which the current body runs. Lock and
@@ -229,10 +132,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // claim (see ClaimFrom). Complete and Release run on a context that ignores
 // ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
-	cfg := newLockConfig()
-	for _, o := range opts {
-		o.applyLock(&cfg)
-	}
+	cfg := newLockConfig(opts...)
 	_, err := run(ctx, b, key, fn, &cfg, false)
 	return err
 }
@@ -252,10 +152,7 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 // Mutex excludes; it does not order. Calls that find the key busy must try
 // again later, and may then run in any order.
 func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
-	cfg := newLockConfig()
-	for _, o := range opts {
-		o.applyLock(&cfg)
-	}
+	cfg := newLockConfig(opts...)
 	_, err := run(ctx, b, key, fn, &cfg, true)
 	return err
 }
@@ -273,7 +170,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		return false, errors.New("idempotency: nil body")
 	}
 	if err := cfg.validate(); err != nil {
-		return false, fmt.Errorf("idempotency: %w", err)
+		return false, fmt.Errorf(errPrefix+" %w", err)
 	}
 	res, err := b.Claim(ctx, key, cfg.lease)
 	if err != nil {
@@ -308,7 +205,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		}
 		// fn panicked or called runtime.Goexit: give the key back at once.
 		stopHeartbeat()
-		if err := settle(ctx, cfg, func(ctx context.Context) error { return retry(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
+		if err := settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
 			log.ErrorContext(ctx, "idempotency: release after a panic failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
@@ -318,7 +215,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	settled = true
 
 	if ferr != nil || mutex {
-		if err := settle(ctx, cfg, func(ctx context.Context) error { return retry(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
+		if err := settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
@@ -331,7 +228,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	// tried again until the settle timeout.
 	var done bool
 	err = settle(ctx, cfg, func(ctx context.Context) error {
-		return retry(ctx, func() (err error) {
+		return retryUntilDone(ctx, func() (err error) {
 			done, err = b.Complete(ctx, c)
 			return err
 		})
@@ -412,24 +309,14 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 	}
 }
 
-// retry calls op until it returns nil or ctx ends, waiting a little longer
-// after each failure, and returns op's last error.
-func retry(ctx context.Context, op func() error) error {
-	wait := 20 * time.Millisecond
-	for {
-		err := op()
-		if err == nil || ctx.Err() != nil {
-			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		wait = min(2*wait, time.Second)
-	}
+// settleRetry retries a failed Complete or Release until the settle
+// timeout ends: both are safe to repeat.
+var settleRetry = retry.Policy{Retries: math.MaxInt, Base: 20 * time.Millisecond, Max: time.Second}
+
+// retryUntilDone calls op until it returns nil or ctx ends; see
+// retry.Policy.Do for the error it returns then.
+func retryUntilDone(ctx context.Context, op func() error) error {
+	return settleRetry.Do(ctx, func(int) error { return op() }, func(error) bool { return true })
 }
 
 // settle runs op on a context that keeps ctx's values but not its

@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,7 +14,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// MaxPushBody is the largest request body PushHandler reads: Pub/Sub's
+// MaxPushBody is the largest request body [PushHandler] reads: Pub/Sub's
 // 10 MB message limit, base64-encoded, plus the envelope.
 const MaxPushBody = 16 << 20
 
@@ -27,8 +26,9 @@ const MaxPushBody = 16 << 20
 //     {"message": {...}, "subscription": "...", "deliveryAttempt": N};
 //   - a CloudEvent, binary or structured, as Eventarc posts it.
 //
-// It guards h exactly as Idempotent(b, opts...) does, and writes the
-// outcome as the status Pub/Sub acts on:
+// It guards h exactly as [Idempotent](b, opts...) does, and writes the
+// status the functions framework would write for the same outcome (the
+// table and the reasons are at Idempotent), except that an ack is a 204:
 //
 //	handler returned nil, or duplicate       204 No Content   ack
 //	key held by a live lease elsewhere       503              nack, retried later
@@ -38,16 +38,20 @@ const MaxPushBody = 16 << 20
 //	handler's error carries any other        500              nack
 //	status (1xx, 2xx, 3xx, out of range)
 //	handler or claim error                   500              nack, retried
-//	no key, malformed envelope or event,     400              nack
-//	key the port refuses (store.ErrInvalidKey)
+//	no key, malformed event, key the port    400              nack, retried
+//	refuses ([store.ErrInvalidKey])
+//
+// and, for requests the functions framework would answer itself:
+//
+//	malformed envelope or CloudEvent         400              nack, retried
 //	not a POST                               405
 //	body over MaxPushBody                    413
 //
 // Only the guard's own outcomes ack (see Idempotent): a handler's error
-// that wraps ErrDuplicate is a failure, answered 500.
+// that wraps [ErrDuplicate] is a failure, answered 500.
 //
-// A raw envelope becomes a CloudEvent of type PubSubEventType whose id is
-// the messageId and whose data is the envelope itself, so ParsePubSub sees
+// A raw envelope becomes a CloudEvent of type [PubSubEventType] whose id is
+// the messageId and whose data is the envelope itself, so [ParsePubSub] sees
 // the subscription and deliveryAttempt (which the functions framework's own
 // conversion drops). Errors are logged at ERROR, contention at WARN, and
 // the error text is the response body. PushHandler panics on what
@@ -69,19 +73,15 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 			return
 		}
 		err = guarded(r.Context(), e)
-		var res *cehttp.Result
-		switch {
-		case err == nil:
+		if err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
-		case errors.As(err, &res) && res != nil && res.StatusCode >= 400 && res.StatusCode <= 599:
-			// Only a nack status: Idempotent already turned any other
-			// status a failing handler carried into a 500.
-			status = res.StatusCode
-		case errors.Is(err, ErrNoKey), errors.Is(err, ErrMalformedEvent), errors.Is(err, store.ErrInvalidKey):
-			status = http.StatusBadRequest
-		default:
-			status = http.StatusInternalServerError
+		}
+		// The status the functions framework would write for err (see
+		// wireStatus): Idempotent gives every failure a 4xx or 5xx.
+		status = wireStatus(err)
+		if status < 400 || status > 599 {
+			status = http.StatusInternalServerError // never an ack for a failure
 		}
 		if status != http.StatusServiceUnavailable { // contention was logged already
 			log.ErrorContext(r.Context(), "idempotency: push delivery failed; nacking", "status", status,

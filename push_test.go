@@ -13,13 +13,118 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// pushTo posts a fixture to a PushHandler server.
-func pushTo(t *testing.T, url, name string) int {
-	t.Helper()
-	code, _ := postTo(t, url, name)
-	return code
+func TestPushHandlerHostileMessageIDs(t *testing.T) {
+	long := strings.Repeat("k", store.MaxKeyLen)
+	cases := []struct {
+		name, id string
+		want     int
+		runs     int
+	}{
+		{"NUL", `a\u0000b`, http.StatusBadRequest, 0},
+		{"over MaxKeyLen", long + "k", http.StatusBadRequest, 0},
+		{"1 KiB", long, http.StatusNoContent, 1},
+		{"invalid UTF-8 becomes U+FFFD", "\xff\xfe", http.StatusNoContent, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			ph := idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard()))
+			body := `{"message":{"messageId":"` + c.id + `"}}`
+			for range 2 { // the second post is the redelivery
+				if code := send(t, ph, body, map[string]string{"Content-Type": "application/json"}); code != c.want {
+					t.Fatalf("HTTP %d, want %d", code, c.want)
+				}
+			}
+			if h.runs() != c.runs || s.Len() != c.runs {
+				t.Fatalf("runs %d, records %d; want %d", h.runs(), s.Len(), c.runs)
+			}
+			if c.name == "invalid UTF-8 becomes U+FFFD" {
+				if _, ok := s.Record("\ufffd\ufffd"); !ok {
+					t.Fatal("the JSON decoder's replacement is not the key")
+				}
+			}
+		})
+	}
+}
+
+func TestPushHandlerContentTypeAndEmptyBody(t *testing.T) {
+	raw := `{"message":{"messageId":"m-1","data":"e30="}}`
+	pubsubCE := map[string]string{"Ce-Id": "m-1", "Ce-Type": idempotency.PubSubEventType, "Ce-Specversion": "1.0", "Ce-Source": "//pubsub.googleapis.com/projects/p/topics/t"}
+	with := func(m map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for a, b := range m {
+			out[a] = b
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		body string
+		head map[string]string
+		want int
+	}{
+		{"envelope as text/plain: the body decides", raw, map[string]string{"Content-Type": "text/plain"}, http.StatusNoContent},
+		{"envelope without a content type", raw, nil, http.StatusNoContent},
+		{"envelope labelled a structured CloudEvent", raw, map[string]string{"Content-Type": "application/cloudevents+json"}, http.StatusBadRequest},
+		{"envelope labelled a CloudEvent batch", raw, map[string]string{"Content-Type": "application/cloudevents-batch+json"}, http.StatusBadRequest},
+		{"binary CloudEvent, data as text/plain", raw, with(pubsubCE, "Content-Type", "text/plain"), http.StatusNoContent},
+		{"empty body", "", map[string]string{"Content-Type": "application/json"}, http.StatusBadRequest},
+		{"empty body, no content type", "", nil, http.StatusBadRequest},
+		{"binary CloudEvent with no data", "", pubsubCE, http.StatusBadRequest},
+		{"structured CloudEvent, empty", "", map[string]string{"Content-Type": "application/cloudevents+json"}, http.StatusBadRequest},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			code := send(t, idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard())), c.body, c.head)
+			if code != c.want {
+				t.Fatalf("HTTP %d, want %d", code, c.want)
+			}
+			if want := map[bool]int{true: 1, false: 0}[c.want == http.StatusNoContent]; h.runs() != want {
+				t.Fatalf("runs %d, want %d", h.runs(), want)
+			}
+		})
+	}
+}
+
+func TestPushHandlerNonPubSubEventUnderTheDefaultKey(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	l, logger := newLogs()
+	srv := httptest.NewServer(idempotency.PushHandler(s, h.handle, idempotency.WithLogger(logger)))
+	defer srv.Close()
+	if code := pushTo(t, srv.URL, "unkeyed"); code != http.StatusBadRequest || h.runs() != 0 || s.Len() != 0 {
+		t.Fatalf("HTTP %d, runs %d, records %d; want 400, none, none", code, h.runs(), s.Len())
+	}
+	if len(l.find(t, "ERROR", "nacking")) != 1 {
+		t.Fatalf("logs %v, want one error", l.records(t))
+	}
+}
+
+func TestPushHandlerBodyErrorWrappingErrDuplicateIsNotAcked(t *testing.T) {
+	s, _ := newStore(t)
+	completeSubKey(t, s, "po:PO-1")
+	ran := 0
+	var dups int
+	l, logger := newLogs()
+	srv := httptest.NewServer(idempotency.PushHandler(s, nestedDuplicate(s, &ran), idempotency.WithLogger(logger),
+		idempotency.OnDuplicate(func(context.Context, string) error { dups++; return nil })))
+	defer srv.Close()
+	if code := pushTo(t, srv.URL, "push_raw"); code != http.StatusInternalServerError {
+		t.Fatalf("HTTP %d, want 500 (nack)", code)
+	}
+	if dups != 0 || len(l.find(t, "INFO", "handler not run")) != 0 || len(l.find(t, "ERROR", "nacking")) != 1 {
+		t.Fatalf("hook calls %d, logs %v; want no duplicate and one nack error", dups, l.records(t))
+	}
+	assertReleased(t, s, fixtureID)
+	if code := pushTo(t, srv.URL, "push_raw"); code != http.StatusInternalServerError || ran != 2 {
+		t.Fatalf("redelivery: HTTP %d, runs %d; want 500 and 2", code, ran)
+	}
 }
 
 func TestPushHandlerAcceptsEveryShapeAndDeduplicates(t *testing.T) {

@@ -10,6 +10,8 @@ import (
 	"github.com/cloudevents/sdk-go/v2/event"
 	"github.com/cloudevents/sdk-go/v2/protocol"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // ownOutcome maps what the guard decided WITHOUT running the handler (run
@@ -29,7 +31,21 @@ func (c *config) ownOutcome(ctx context.Context, e event.Event, key string, err 
 		}
 		c.lock.log().WarnContext(ctx, "idempotency: key in progress elsewhere; nacking with 503 for a later retry",
 			append(attrs, deliveryAttrs(e)...)...)
-		return InProgressResult(err)
+		return withStatus(http.StatusServiceUnavailable, err)
+	}
+	return refused(err)
+}
+
+// refused returns a failure of the guard's own (the handler did not run)
+// with the status it goes out with: 400 when the message itself is at
+// fault (it has no key, its data is not a Pub/Sub envelope, or its key is
+// one the port refuses), so that no one mistakes it for a fault of the
+// service; otherwise (a backend that failed to claim, a KeyFunc's own
+// error, a cancelled request) the 500 of a plain error. Both are nacks:
+// see Idempotent.
+func refused(err error) error {
+	if errors.Is(err, ErrNoKey) || errors.Is(err, ErrMalformedEvent) || errors.Is(err, store.ErrInvalidKey) {
+		return withStatus(http.StatusBadRequest, err)
 	}
 	return nackable(err)
 }
@@ -56,7 +72,7 @@ func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err
 		}
 		c.lock.log().WarnContext(ctx, "idempotency: the handler found an inner key in progress elsewhere; released the message key, nacking with 503 for a later retry",
 			append(attrs, deliveryAttrs(e)...)...)
-		return InProgressResult(err)
+		return withStatus(http.StatusServiceUnavailable, err)
 	}
 	return nackable(err)
 }
@@ -77,45 +93,59 @@ func deliveryAttrs(e event.Event) []any {
 
 // nackable returns a failure as an error that goes on the wire with a
 // status Pub/Sub nacks (4xx or 5xx). err is returned unchanged when it
-// already does; otherwise it is wrapped in a 500 result (errors.Is still
-// sees through it), because the functions framework would write an ack:
-// it writes the status of the first *cehttp.Result in the chain when it is
-// within 101..599 (a 1xx becomes an implicit 200, and Pub/Sub counts 102,
-// 200, 201, 202 and 204 as acks), 200 for a status outside that range, and
-// 200 for an error that is a protocol ACK receipt.
+// already does; otherwise it gets a 500 (errors.Is still sees through
+// it), because the functions framework would write an ack: it writes the
+// status of the first *cehttp.Result in the chain when it is within
+// 101..599 (a 1xx becomes an implicit 200, and Pub/Sub counts 102, 200,
+// 201, 202 and 204 as acks), 200 for a status outside that range, and 200
+// for an error that is a protocol ACK receipt.
 func nackable(err error) error {
 	if s := wireStatus(err); s >= 400 && s <= 599 {
 		return err
 	}
-	return &nackError{err: err}
+	return withStatus(http.StatusInternalServerError, err)
 }
 
-// nackError is a failure whose own status would ack. To errors.As (which
-// the framework and PushHandler use to find a status) it is a 500
-// *cehttp.Result, found before anything it wraps; to errors.Is and
-// errors.As for any other target it is transparent, which a
-// cehttp.NewResult(500, "%w", err) would not be (a *cehttp.Result has no
-// Unwrap, and its Is compares only status codes with another result).
-type nackError struct{ err error }
+// withStatus returns err with the HTTP status it goes out with.
+func withStatus(status int, err error) error {
+	return &statusError{status: status, err: err}
+}
 
-func (e *nackError) Error() string { return fmt.Sprint(e.err) }
+// statusError is an error with the status it goes out with. To errors.As
+// with a **cehttp.Result target (which the functions framework and
+// PushHandler use to find a status) it is a *cehttp.Result with that
+// status, found before anything it wraps; to errors.Is and errors.As for
+// any other target it is transparent, which a cehttp.NewResult(status,
+// "%w", err) would not be (a *cehttp.Result has no Unwrap, and its Is
+// compares only status codes with another result). Its message is err's.
+type statusError struct {
+	status int
+	err    error
+}
 
-func (e *nackError) Unwrap() error { return e.err }
+func (e *statusError) Error() string { return fmt.Sprint(e.err) }
 
-func (e *nackError) As(target any) bool {
+func (e *statusError) Unwrap() error { return e.err }
+
+func (e *statusError) As(target any) bool {
 	if r, ok := target.(**cehttp.Result); ok {
-		*r = &cehttp.Result{StatusCode: http.StatusInternalServerError, Format: "%w", Args: []any{e.err}}
+		*r = &cehttp.Result{StatusCode: e.status, Format: "%w", Args: []any{e.err}}
 		return true
 	}
 	return false
 }
 
-// wireStatus is the status the functions framework (cloudevents sdk-go
-// v2.16) writes for a function that returned err != nil; 0 for a nil
-// *cehttp.Result, on which it would panic.
+// wireStatus is the status that goes on the wire for what Idempotent's
+// function returned: the one mapping from an outcome to a status. It is
+// what the functions framework (cloudevents sdk-go v2.16) writes for a
+// function's return value (200 for nil), and what PushHandler writes
+// (with 204 for the ack); 0 for a nil *cehttp.Result, on which the
+// framework would panic.
 func wireStatus(err error) int {
 	var res *cehttp.Result
 	switch {
+	case err == nil:
+		return http.StatusOK
 	case errors.As(err, &res):
 		switch {
 		case res == nil:
@@ -128,14 +158,6 @@ func wireStatus(err error) int {
 		return http.StatusOK
 	}
 	return http.StatusInternalServerError
-}
-
-// InProgressResult wraps err in a cloudevents HTTP result with status 503
-// Service Unavailable, which the functions framework writes as the response
-// status: Pub/Sub takes it as a nack and redelivers later. errors.Is still
-// sees through it to err.
-func InProgressResult(err error) error {
-	return cehttp.NewResult(http.StatusServiceUnavailable, "%w", err)
 }
 
 // duplicate calls the on-duplicate hook; nothing it does changes the ack.

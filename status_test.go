@@ -8,16 +8,95 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/protocol"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// pubsubAcks are the push response statuses Pub/Sub counts as an ack.
-var pubsubAcks = map[int]bool{102: true, 200: true, 201: true, 202: true, 204: true}
+// Defect 3: a body error that wraps ErrDuplicate is not the wrapper's own
+// duplicate. The outer claim was released, so acking would lose the message.
+func TestIdempotentBodyErrorWrappingErrDuplicateNacks(t *testing.T) {
+	s, _ := newStore(t)
+	completeSubKey(t, s, "po:PO-1")
+	l, logger := newLogs()
+	var dups []string
+	ran := 0
+	h := idempotency.Idempotent(s, idempotency.WithLogger(logger),
+		idempotency.OnDuplicate(func(_ context.Context, key string) error { dups = append(dups, key); return nil }),
+	)(nestedDuplicate(s, &ran))
+	e := pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"})
+	err := h(t.Context(), e)
+	if err == nil {
+		t.Fatal("the body failed with a nested duplicate, and Idempotent returned nil (ack): the message is lost")
+	}
+	if !errors.Is(err, idempotency.ErrDuplicate) || !strings.Contains(err.Error(), "reserving stock") {
+		t.Fatalf("err = %v, want the body's own error, unchanged", err)
+	}
+	if len(dups) != 0 {
+		t.Fatalf("OnDuplicate called with %v for a delivery whose handler ran", dups)
+	}
+	if got := l.find(t, "INFO", "handler not run"); len(got) != 0 {
+		t.Fatalf("logged %v although the handler ran", got)
+	}
+	assertReleased(t, s, "m-1")
+	// The redelivery runs the handler again: nothing is lost.
+	h(t.Context(), e)
+	if ran != 2 {
+		t.Fatalf("handler ran %d times, want 2 (the failure and its retry)", ran)
+	}
+	// The wrapper's OWN duplicate still acks, once the message key is done.
+	ok := idempotency.Idempotent(s, idempotency.WithLogger(logger),
+		idempotency.OnDuplicate(func(_ context.Context, key string) error { dups = append(dups, key); return nil }),
+	)(func(context.Context, cloudevents.Event) error { return nil })
+	if err := ok(t.Context(), e); err != nil {
+		t.Fatal(err)
+	}
+	if err := ok(t.Context(), e); err != nil || len(dups) != 1 || dups[0] != "m-1" {
+		t.Fatalf("own duplicate: err %v, hook saw %v; want nil and [m-1]", err, dups)
+	}
+}
+
+// A body error wrapping ErrInProgress (an inner Mutex or Lock found its key
+// held) still nacks; it becomes a 503 so the retry waits, and the warning
+// names the inner key, not the message key.
+func TestIdempotentBodyErrorWrappingErrInProgressIsA503Nack(t *testing.T) {
+	s, _ := newStore(t)
+	if _, err := s.Claim(t.Context(), "po:PO-1", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	l, logger := newLogs()
+	h := idempotency.Idempotent(s, idempotency.WithLogger(logger))(func(ctx context.Context, e cloudevents.Event) error {
+		err := idempotency.Lock(ctx, s, "po:PO-1", func(context.Context) error { return nil })
+		return fmt.Errorf("reserving stock: %w", err)
+	})
+	err := h(t.Context(), pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"}))
+	var res *cehttp.Result
+	if !errors.As(err, &res) || res.StatusCode != http.StatusServiceUnavailable || !errors.Is(err, idempotency.ErrInProgress) ||
+		!strings.Contains(err.Error(), "reserving stock") {
+		t.Fatalf("err = %v, want a 503 result wrapping the body's error", err)
+	}
+	assertReleased(t, s, "m-1")
+	w := l.find(t, "WARN", "")
+	if len(w) != 1 || w[0]["key"] != "po:PO-1" || w[0]["message_key"] != "m-1" {
+		t.Fatalf("warnings %v, want one naming the inner key po:PO-1 and the message key m-1", w)
+	}
+}
+
+func TestHTTPBodyErrorWrappingErrDuplicateIsNotAcked(t *testing.T) {
+	s, _ := newStore(t)
+	completeSubKey(t, s, "po:PO-1")
+	ran := 0
+	serve(t, idempotency.Idempotent(s, idempotency.WithLogger(newDiscard()))(nestedDuplicate(s, &ran)))
+	if code, body := post(t, "eventarc_binary"); code != http.StatusInternalServerError {
+		t.Fatalf("HTTP %d %s, want 500 (nack): the handler ran and failed", code, body)
+	}
+	assertReleased(t, s, fixtureID)
+}
 
 // failure is one error a failing handler may return, and the status a
 // nack must carry for it on the wire.
@@ -146,5 +225,22 @@ func TestHTTPDisabledFailingHandlerStillNacks(t *testing.T) {
 				t.Fatalf("HTTP %d %q: a failing handler was acked with the guard disabled", code, body)
 			}
 		})
+	}
+}
+
+func TestIdempotentInnerMutexContentionIsA503(t *testing.T) {
+	s, _ := newStore(t)
+	s.Claim(t.Context(), "po:PO-1", time.Hour) // another update holds the entity
+	h := idempotency.Idempotent(s)(func(ctx context.Context, e cloudevents.Event) error {
+		return idempotency.Mutex(ctx, s, "po:PO-1", func(context.Context) error { return nil })
+	})
+	err := h(t.Context(), pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"}))
+	var res *cehttp.Result
+	if !errors.As(err, &res) || res.StatusCode != http.StatusServiceUnavailable || !errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("err = %v, want a 503 result wrapping ErrInProgress", err)
+	}
+	// The message key was released, not completed: the retry runs.
+	if rec, _ := s.Record("m-1"); rec.State != store.Claimed || rec.Fence != 2 {
+		t.Fatalf("message record %+v, want released", rec)
 	}
 }

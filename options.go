@@ -1,0 +1,216 @@
+package idempotency
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// Every option is a value that sets one field of a configuration built
+// afresh for each call that takes options ([Idempotent], [PushHandler],
+// [Lock], [Mutex]): an option never holds or shares a configuration, so
+// applying one twice, or to several calls, is safe.
+
+// Option configures [Idempotent] and [PushHandler]. The options of this
+// package are its only implementations.
+type Option interface {
+	applyIdempotent(*config)
+}
+
+// LockOption configures [Lock] and [Mutex]. Every LockOption is also an
+// [Option] for [Idempotent] and [PushHandler].
+type LockOption interface {
+	Option
+	applyLock(*lockConfig)
+}
+
+// DefaultSettleTimeout bounds the Complete or Release call that follows the
+// body. That call runs on a context detached from the caller's cancellation,
+// so a request that ends the moment the work ends still records the outcome.
+const DefaultSettleTimeout = 10 * time.Second
+
+// config is what the options of Idempotent set.
+type config struct {
+	lock      lockConfig
+	key       KeyFunc
+	prefix    string
+	unguarded bool
+	onDup     func(context.Context, string) error
+}
+
+// newConfig returns the defaults with opts applied, in order.
+func newConfig(opts []Option) config {
+	cfg := config{lock: newLockConfig(), key: MessageID()}
+	for _, o := range opts {
+		o.applyIdempotent(&cfg)
+	}
+	return cfg
+}
+
+// validate reports the first setting that is a mistake in the program.
+func (c *config) validate() error {
+	if err := c.lock.validate(); err != nil {
+		return err
+	}
+	if c.key == nil {
+		return fmt.Errorf("nil KeyFunc")
+	}
+	if err := validatePrefix(c.prefix); err != nil {
+		return fmt.Errorf("key prefix: %w", err)
+	}
+	return nil
+}
+
+// lockConfig is what the options of Lock and Mutex set.
+type lockConfig struct {
+	lease     time.Duration
+	settle    time.Duration
+	heartbeat time.Duration
+	logger    *slog.Logger
+}
+
+// newLockConfig returns the defaults with opts applied, in order.
+func newLockConfig(opts ...LockOption) lockConfig {
+	cfg := lockConfig{lease: store.DefaultLease, settle: DefaultSettleTimeout}
+	for _, o := range opts {
+		o.applyLock(&cfg)
+	}
+	return cfg
+}
+
+func (c *lockConfig) log() *slog.Logger {
+	if c.logger != nil {
+		return c.logger
+	}
+	return slog.Default()
+}
+
+// validate reports a lease, settle timeout or heartbeat that cannot work.
+// Its errors carry no package prefix: the caller adds one.
+func (c *lockConfig) validate() error {
+	if err := store.ValidateLease(c.lease); err != nil {
+		return err
+	}
+	if c.settle <= 0 {
+		return fmt.Errorf("settle timeout %v is not positive", c.settle)
+	}
+	if c.heartbeat < 0 || (c.heartbeat > 0 && c.heartbeat >= c.lease) {
+		return fmt.Errorf("heartbeat %v must be positive and shorter than the lease %v", c.heartbeat, c.lease)
+	}
+	return nil
+}
+
+type option func(*config)
+
+func (f option) applyIdempotent(c *config) { f(c) }
+
+type lockOption func(*lockConfig)
+
+func (f lockOption) applyLock(c *lockConfig)   { f(c) }
+func (f lockOption) applyIdempotent(c *config) { f(&c.lock) }
+
+// WithKey sets how [Idempotent] finds an event's key. The default is
+// [MessageID]().
+func WithKey(f KeyFunc) Option {
+	return option(func(c *config) { c.key = f })
+}
+
+// WithKeyPrefix puts prefix in front of every resolved key, so that several
+// handlers can share one backend without their keys meeting (for example
+// "orders:" and "refunds:").
+//
+// A prefix is a name followed by one colon, and the name holds no colon
+// ("orders:", "orders.refunds:", "orders-v2:"); [Idempotent] panics on any
+// other prefix. The rule makes prefixed keys injective: the prefix is
+// everything up to the first colon, so two handlers with different
+// prefixes can never compose the same key. Without it, "orders:" and
+// "orders:refunds:" would collide silently ("orders:" + "refunds:1" is
+// "orders:refunds:" + "1") and one handler's work would suppress the
+// other's. A handler with no prefix shares the key space with everyone:
+// give every handler on a shared backend its own prefix. Changing a
+// prefix changes every key: a redelivery of a message completed under the
+// old prefix is not recognised and runs again, so change it only when no
+// such redelivery can be pending (after the ttl, or with an idle
+// subscription).
+func WithKeyPrefix(prefix string) Option {
+	return option(func(c *config) { c.prefix = prefix })
+}
+
+// validatePrefix checks the WithKeyPrefix rule: empty, or a non-empty name
+// without a colon, then one colon.
+func validatePrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	if err := store.ValidateKey(prefix); err != nil {
+		return err
+	}
+	if i := strings.IndexByte(prefix, ':'); i <= 0 || i != len(prefix)-1 {
+		return fmt.Errorf("prefix %q must be a name without a colon followed by one colon, such as \"orders:\" (prefixes that are prefixes of each other, like \"orders:\" and \"orders:refunds:\", would share keys)", prefix)
+	}
+	return nil
+}
+
+// AllowUnguarded makes [Idempotent] run the handler without a lock, with a
+// warning, for an event that has no key. By default such an event is
+// refused with an error wrapping [ErrNoKey], so it is retried and reaches
+// the subscription's dead-letter topic rather than running unguarded.
+func AllowUnguarded() Option {
+	return option(func(c *config) { c.unguarded = true })
+}
+
+// OnDuplicate sets a hook called with the key when a delivery is suppressed
+// as a duplicate, for a metric or a log line. The delivery is acked whatever
+// the hook does: an error it returns, or a panic, is logged and ignored.
+func OnDuplicate(hook func(ctx context.Context, key string) error) Option {
+	return option(func(c *config) { c.onDup = hook })
+}
+
+// WithLease sets the lease of each claim: how long the holder owns the key
+// before another delivery may take it over. It must exceed the longest run
+// of the guarded work. The default is [store.DefaultLease] (15 minutes). A
+// lease that is not positive makes [Lock] and [Mutex] return an error
+// wrapping [store.ErrInvalidLease], and makes [Idempotent] panic.
+func WithLease(d time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.lease = d })
+}
+
+// WithLogger sets where warnings and errors go. The default is
+// [slog.Default]() at the time of the call.
+func WithLogger(l *slog.Logger) LockOption {
+	return lockOption(func(c *lockConfig) { c.logger = l })
+}
+
+// WithSettleTimeout bounds the Complete or Release call after the body
+// (a failing call is retried within it). The default is
+// [DefaultSettleTimeout].
+func WithSettleTimeout(d time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.settle = d })
+}
+
+// WithHeartbeat renews the lease every interval while the body runs, on
+// backends that implement [store.Extender] (all of this module's do), so
+// work that may outlast its lease keeps its claim instead of letting a
+// redelivery take the key and run the work a second time. Each renewal
+// extends the lease to a full lease from that moment. If a renewal finds
+// the claim lost (another delivery took the key), the body's context is
+// cancelled, with a cause wrapping [store.ErrLost] (see [context.Cause]). A
+// failed renewal for any other reason is logged and tried again at the
+// next tick. Renewals run on a context detached from the request's
+// cancellation and stop only when the body returns: a body that outlives
+// its request (it ignored the cancellation) is still doing the work, and
+// letting its lease lapse would let a redelivery run the work a second
+// time beside it. A body stuck for good holds the key until its process
+// ends; then the lease lapses and the key frees.
+//
+// interval must be shorter than the lease (a third of it leaves room for
+// two failed renewals); [Lock] and [Mutex] return an error, and
+// [Idempotent] panics, otherwise. The default is no heartbeat. On a
+// backend without Extend, the option is ignored with a warning.
+func WithHeartbeat(interval time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.heartbeat = interval })
+}
