@@ -14,7 +14,7 @@ import (
 )
 
 // The cross-process race: RaceProcesses re-runs the test binary twice with
-// RACE_CHILD=1 and the caller's environment; in each child, the test's
+// TESTSVC_RACE_CHILD set (to the start instant) and the caller's environment; in each child, the test's
 // TestMain calls RaceChild with a backend built from that environment.
 // Both children wait for one start instant, then claim one key from eight
 // goroutines each.
