@@ -16,6 +16,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -408,5 +409,144 @@ func TestKeysThePortRefusesNeverReachTheBackend(t *testing.T) {
 				t.Fatal("no record under the exact key")
 			}
 		})
+	}
+}
+
+// lostExtender is a store whose every lease renewal finds the claim lost.
+type lostExtender struct{ *fake.Store }
+
+func (lostExtender) Extend(_ context.Context, c store.Claim, _ time.Duration) (store.Claim, error) {
+	return c, fmt.Errorf("renewing %q: %w", c.Key, store.ErrLost)
+}
+
+// No error this package returns, and no response body PushHandler writes,
+// says "idempotency:" twice: every error path, driven once.
+func TestNoErrorSaysIdempotencyTwice(t *testing.T) {
+	var errs []error
+	collect := func(name string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("%s: no error", name)
+			return
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", name, err))
+	}
+	ctx := t.Context()
+	noop := func(context.Context) error { return nil }
+	okHandler := func(context.Context, cloudevents.Event) error { return nil }
+	ev := func(data string) cloudevents.Event {
+		e := cloudevents.NewEvent()
+		e.SetID("e-1")
+		e.SetSource("//pubsub.googleapis.com/projects/p/topics/t")
+		e.SetType(idempotency.PubSubEventType)
+		e.DataEncoded = []byte(data)
+		e.SetDataContentType(cloudevents.ApplicationJSON)
+		return e
+	}
+	hostile := map[string]cloudevents.Event{
+		"not JSON":             ev(`<xml/>`),
+		"no message":           ev(`{"subscription":"s"}`),
+		"NUL messageId":        ev(`{"message":{"messageId":"a\u0000b"}}`),
+		"NUL attribute":        ev(`{"message":{"messageId":"m","attributes":{"k":"a\u0000b"}}}`),
+		"payload not JSON":     ev(`{"message":{"messageId":"m","data":"PHhtbC8+"}}`),
+		"NUL field":            ev(`{"message":{"messageId":"m","data":"` + payload(map[string]any{"id": "a\x00b"}) + `"}}`),
+		"field not a scalar":   ev(`{"message":{"messageId":"m","data":"` + payload(map[string]any{"id": []int{1}}) + `"}}`),
+		"unkeyed (other type)": func() cloudevents.Event { e := ev(`{"message":{}}`); e.SetType("com.example.v1"); return e }(),
+	}
+	keyFuncs := map[string]idempotency.KeyFunc{
+		"MessageID":  idempotency.MessageID(),
+		"Attribute":  idempotency.Attribute("k"),
+		"JSONField":  idempotency.JSONField("id"),
+		"custom":     func(cloudevents.Event) (string, error) { return "", errors.New("lookup failed") },
+		"custom NUL": func(cloudevents.Event) (string, error) { return "a\x00b", nil },
+		"custom long": func(cloudevents.Event) (string, error) {
+			return strings.Repeat("k", store.MaxKeyLen), nil // pushed past MaxKeyLen by the prefix
+		},
+	}
+	for en, e := range hostile {
+		if _, err := idempotency.ParsePubSub(e); err != nil {
+			collect("ParsePubSub/"+en, err)
+		}
+		for kn, kf := range keyFuncs {
+			if _, err := kf(e); err != nil {
+				collect(kn+"/"+en, err)
+			}
+			s, _ := newStore(t)
+			err := idempotency.Idempotent(s, idempotency.WithKey(kf), idempotency.WithKeyPrefix("orders:"),
+				idempotency.WithLogger(newDiscard()))(okHandler)(ctx, e)
+			if err != nil {
+				collect("Idempotent/"+kn+"/"+en, err)
+				var res *cehttp.Result
+				if errors.As(err, &res) {
+					collect("Idempotent/"+kn+"/"+en+" as a result", res)
+				}
+			}
+		}
+	}
+
+	good := pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"})
+	guarded := func(s store.Backend, h idempotency.CloudEventFunc) error {
+		return idempotency.Idempotent(s, idempotency.WithLogger(newDiscard()))(h)(ctx, good)
+	}
+	s, _ := newStore(t)
+	s.FailNext(fake.OpClaim, errors.New("connection refused"))
+	collect("Idempotent/claim error", guarded(s, okHandler))
+	s, _ = newStore(t)
+	s.Claim(ctx, "m-1", time.Hour)
+	collect("Idempotent/in progress", guarded(s, okHandler))
+	s, _ = newStore(t)
+	completeSubKey(t, s, "po:PO-1")
+	ran := 0
+	collect("Idempotent/nested duplicate", guarded(s, nestedDuplicate(s, &ran)))
+	s, _ = newStore(t)
+	collect("Idempotent/nil handler error", guarded(s, func(context.Context, cloudevents.Event) error {
+		return (*idempotency.DuplicateError)(nil)
+	}))
+	s, _ = newStore(t)
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	collect("Idempotent/cancelled", idempotency.Idempotent(s)(okHandler)(cctx, good))
+
+	s, _ = newStore(t)
+	collect("Lock/nil backend", idempotency.Lock(ctx, nil, "k", noop))
+	collect("Lock/nil body", idempotency.Lock(ctx, s, "k", nil))
+	collect("Lock/empty key", idempotency.Lock(ctx, s, "", noop))
+	collect("Lock/zero lease", idempotency.Lock(ctx, s, "k", noop, idempotency.WithLease(0)))
+	collect("Lock/negative settle", idempotency.Lock(ctx, s, "k", noop, idempotency.WithSettleTimeout(-1)))
+	collect("Lock/long heartbeat", idempotency.Lock(ctx, s, "k", noop, idempotency.WithHeartbeat(time.Hour)))
+	completeSubKey(t, s, "done")
+	collect("Lock/duplicate", idempotency.Lock(ctx, s, "done", noop))
+	collect("Mutex/done", idempotency.Mutex(ctx, s, "done", noop))
+	s.Claim(ctx, "held", time.Hour)
+	collect("Lock/in progress", idempotency.Lock(ctx, s, "held", noop))
+	var cause error
+	idempotency.Lock(ctx, lostExtender{fake.New()}, "lost", func(ctx context.Context) error {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return nil
+	}, idempotency.WithHeartbeat(time.Millisecond), idempotency.WithLogger(newDiscard()))
+	collect("Lock/heartbeat cause", cause)
+
+	// PushHandler writes the error as the response body.
+	for name, body := range map[string]string{
+		"not JSON":      `<xml/>`,
+		"no message":    `{"subscription":"s"}`,
+		"no message id": `{"message":{"data":"e30="}}`,
+		"NUL":           `{"message":{"messageId":"a\u0000b"}}`,
+	} {
+		s, _ := newStore(t)
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+		w := httptest.NewRecorder()
+		idempotency.PushHandler(s, okHandler, idempotency.WithLogger(newDiscard())).ServeHTTP(w, r)
+		collect("PushHandler/"+name, errors.New(w.Body.String()))
+	}
+
+	for _, err := range errs {
+		if n := strings.Count(err.Error(), "idempotency:"); n > 1 {
+			t.Errorf("%q says idempotency: %d times", err, n)
+		}
+	}
+	if len(errs) < 60 {
+		t.Fatalf("only %d error paths driven", len(errs))
 	}
 }

@@ -2,6 +2,8 @@ package idempotency_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +63,40 @@ func TestKeyPrefixesThatArePrefixesOfEachOtherAreRefused(t *testing.T) {
 	}
 	if runs["orders"] != 2 || runs["refunds"] != 1 || s.Len() != 3 {
 		t.Fatalf("runs %v, records %d; want every handler to run once per distinct key", runs, s.Len())
+	}
+}
+
+// An option is a value: one option set, reused across calls and extended
+// by one of them, configures each call on its own, before and after.
+func TestOptionsAreAppliedAfreshForEachCall(t *testing.T) {
+	s, _ := newStore(t)
+	ok := func(context.Context, cloudevents.Event) error { return nil }
+	lease := idempotency.WithLease(time.Minute)
+	opts := []idempotency.Option{lease, idempotency.WithKeyPrefix("a:")}
+	a := idempotency.Idempotent(s, opts...)(ok)
+	b := idempotency.Idempotent(s, append(opts[:len(opts):len(opts)], idempotency.WithKeyPrefix("b:"), idempotency.WithLease(2*time.Minute))...)(ok)
+	if err := idempotency.Lock(t.Context(), s, "lock", func(context.Context) error { return nil }, lease, idempotency.WithLease(3*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	p := idempotency.PushHandler(s, ok, opts...)
+	for i, h := range []idempotency.CloudEventFunc{a, b, a} {
+		id := fmt.Sprint("m-", i)
+		if err := h(t.Context(), pubsubEvent(t, id, map[string]any{"messageId": id})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code := send(t, p, `{"message":{"messageId":"m-3"}}`, nil); code != http.StatusNoContent {
+		t.Fatalf("PushHandler: HTTP %d", code)
+	}
+	// The fake keeps a done record's lease expiry: the lease each call used.
+	for key, want := range map[string]time.Duration{"a:m-0": time.Minute, "b:m-1": 2 * time.Minute, "a:m-2": time.Minute,
+		"a:m-3": time.Minute, "lock": 3 * time.Minute} {
+		rec, ok := s.Record(key)
+		if !ok || !rec.LeaseExpiry.Equal(epoch.Add(want)) {
+			t.Errorf("record %q = %+v (present %v), want a lease of %v", key, rec, ok, want)
+		}
+	}
+	if s.Len() != 5 {
+		t.Fatalf("%d records, want 5", s.Len())
 	}
 }

@@ -15,6 +15,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -242,5 +243,88 @@ func TestIdempotentInnerMutexContentionIsA503(t *testing.T) {
 	// The message key was released, not completed: the retry runs.
 	if rec, _ := s.Record("m-1"); rec.State != store.Claimed || rec.Fence != 2 {
 		t.Fatalf("message record %+v, want released", rec)
+	}
+}
+
+// One mapping from outcome to status: the same request, served by
+// Idempotent through the real functions framework and by PushHandler,
+// gets the same status for every outcome, except that PushHandler writes
+// its ack as a 204 where the framework writes a 200 (both acks).
+func TestFrameworkAndPushHandlerAnswerTheSameStatus(t *testing.T) {
+	ok := func(context.Context, cloudevents.Event) error { return nil }
+	fail := func(err error) idempotency.CloudEventFunc {
+		return func(context.Context, cloudevents.Event) error { return err }
+	}
+	cases := []struct {
+		name     string
+		fixture  string
+		setup    func(t *testing.T, s *fake.Store)
+		disabled bool
+		handler  idempotency.CloudEventFunc
+		want     int // through the framework; PushHandler answers 204 for a 200
+		runs     int
+		is       error // what the returned error must wrap, if anything
+	}{
+		{name: "won, handler ok", fixture: "eventarc_binary", handler: ok, want: 200, runs: 1},
+		{name: "won, handler ok, raw push", fixture: "push_raw", handler: ok, want: 200, runs: 1},
+		{name: "duplicate", fixture: "eventarc_binary", handler: ok, want: 200,
+			setup: func(t *testing.T, s *fake.Store) { completeSubKey(t, s, fixtureID) }},
+		{name: "in progress", fixture: "eventarc_binary", handler: ok, want: 503, is: idempotency.ErrInProgress,
+			setup: func(t *testing.T, s *fake.Store) { s.Claim(t.Context(), fixtureID, time.Hour) }},
+		{name: "handler error", fixture: "eventarc_binary", handler: fail(errors.New("boom")), want: 500, runs: 1},
+		{name: "handler error with its own 4xx", fixture: "eventarc_binary", handler: fail(cehttp.NewResult(429, "slow down")), want: 429, runs: 1},
+		{name: "handler error with its own 5xx", fixture: "eventarc_binary", handler: fail(cehttp.NewResult(502, "bad gateway")), want: 502, runs: 1},
+		{name: "handler error with an ack status", fixture: "eventarc_binary", handler: fail(cehttp.NewResult(202, "accepted")), want: 500, runs: 1},
+		{name: "handler error wrapping ErrInProgress", fixture: "eventarc_binary", want: 503, runs: 1, is: idempotency.ErrInProgress,
+			handler: fail(fmt.Errorf("inner: %w", &idempotency.InProgressError{Key: "po:PO-1"}))},
+		{name: "no key", fixture: "unkeyed", handler: ok, want: 400, is: idempotency.ErrNoKey},
+		{name: "malformed", fixture: "malformed", handler: ok, want: 400, is: idempotency.ErrMalformedEvent},
+		{name: "backend error", fixture: "eventarc_binary", handler: ok, want: 500,
+			setup: func(t *testing.T, s *fake.Store) { s.FailNext(fake.OpClaim, errors.New("connection refused")) }},
+		{name: "disabled switch on, handler ok", fixture: "eventarc_binary", disabled: true, handler: ok, want: 200, runs: 1},
+		{name: "disabled switch on, handler error", fixture: "eventarc_binary", disabled: true, handler: fail(errors.New("boom")), want: 500, runs: 1},
+		{name: "disabled switch on, unkeyed", fixture: "unkeyed", disabled: true, handler: ok, want: 200, runs: 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.disabled {
+				t.Setenv(idempotency.DisableEnv, "1")
+			}
+			// Each path gets a fresh store in the same state.
+			guard := func(t *testing.T) (*fake.Store, *counting, []idempotency.Option) {
+				s, _ := newStore(t)
+				if c.setup != nil {
+					c.setup(t, s)
+				}
+				return s, &counting{}, []idempotency.Option{idempotency.WithLogger(newDiscard())}
+			}
+			handler := func(h *counting) idempotency.CloudEventFunc {
+				return func(ctx context.Context, e cloudevents.Event) error {
+					h.handle(ctx, e)
+					return c.handler(ctx, e)
+				}
+			}
+
+			s, h, opts := guard(t)
+			serve(t, idempotency.Idempotent(s, opts...)(handler(h)))
+			ff, body := post(t, c.fixture)
+			if ff != c.want || h.runs() != c.runs {
+				t.Fatalf("framework: HTTP %d %q, runs %d; want %d and %d runs", ff, body, h.runs(), c.want, c.runs)
+			}
+			if c.is != nil && !errors.Is(returned(), c.is) {
+				t.Fatalf("framework: Idempotent returned %v, which does not wrap %v", returned(), c.is)
+			}
+
+			s, h, opts = guard(t)
+			srv := httptest.NewServer(idempotency.PushHandler(s, handler(h), opts...))
+			defer srv.Close()
+			push, body := postTo(t, srv.URL, c.fixture)
+			if push != ff && !(ff == http.StatusOK && push == http.StatusNoContent) {
+				t.Fatalf("PushHandler: HTTP %d %q, the framework %d", push, body, ff)
+			}
+			if h.runs() != c.runs {
+				t.Fatalf("PushHandler: runs %d, want %d", h.runs(), c.runs)
+			}
+		})
 	}
 }
