@@ -14,7 +14,8 @@ import (
 const PubSubEventType = "google.cloud.pubsub.topic.v1.messagePublished"
 
 // ErrMalformedEvent reports an event whose data is not a Pub/Sub message
-// envelope: not JSON, or without a "message" object.
+// envelope: not JSON, or without a "message" object. [Idempotent] refuses
+// such an event with a 400 nack, as it does an unkeyed one ([ErrNoKey]).
 var ErrMalformedEvent = errors.New("idempotency: malformed event")
 
 // PubSubMessage is the message inside a Pub/Sub CloudEvent.
@@ -62,10 +63,10 @@ type wireEnvelope struct {
 
 // ParsePubSub reads the Pub/Sub message envelope from e's data. The message
 // ID is data.message.messageId, else data.message.message_id, else, for an
-// event of type PubSubEventType, the CloudEvent id. An ID that is still
+// event of type [PubSubEventType], the CloudEvent id. An ID that is still
 // empty is not an error: the caller decides what an unkeyed message means.
 // Data that is not a JSON envelope with a "message" object yields an error
-// wrapping ErrMalformedEvent.
+// wrapping [ErrMalformedEvent].
 func ParsePubSub(e event.Event) (PubSubEvent, error) {
 	var w wireEnvelope
 	if err := json.Unmarshal(e.Data(), &w); err != nil {

@@ -13,20 +13,25 @@
 //
 // # Two verbs, one port
 //
-// Lock de-duplicates: the body runs at most once per key, and the key stays
-// done for the backend's ttl. Mutex serializes: every call runs its body,
-// never two at once for one key, and the key is never marked done. Both run
-// over a store.Backend, a three-method port (Claim, Complete, Release) with
-// leases, fencing tokens and a ttl; package fake has an in-memory one for
-// tests, and store/... has Datastore, Redis and SQL ones.
+// [Lock] de-duplicates: the body runs at most once per key, and the key
+// stays done for the backend's ttl. [Mutex] serializes: every call runs its
+// body, never two at once for one key, and the key is never marked done.
+// Both run over a [store.Backend], a three-method port (Claim, Complete,
+// Release) with leases, fencing tokens and a ttl; package
+// [github.com/gcp-pubsub-idempotency/idempotency/fake] has an in-memory one
+// for tests, and the modules under store/ have Datastore, Redis and SQL
+// ones. [Idempotent] wraps a CloudEvent function in Lock, keyed by the
+// event ([KeyFunc]: [MessageID] by default, [Attribute], [JSONField]).
 //
-// Without the functions framework, PushHandler serves the same guard as a
-// plain http.Handler for raw push envelopes and CloudEvents.
+// Without the functions framework, [PushHandler] serves the same guard as a
+// plain [net/http.Handler] for raw push envelopes and CloudEvents, and
+// answers the same statuses.
 //
 // # What goes on the wire
 //
 // Idempotent maps each outcome to what its function returns, which the
-// functions framework turns into the HTTP status Pub/Sub acts on:
+// functions framework turns into the HTTP status Pub/Sub acts on
+// (PushHandler writes the same status, and 204 for an ack):
 //
 //	outcome                                returned            HTTP   Pub/Sub
 //	handler returned nil                   nil                 200    ack
@@ -34,11 +39,18 @@
 //	key held by a live lease elsewhere     503 result          503    nack, retried later
 //	handler returned an error              the error           500    nack, retried
 //	handler's error wraps ErrInProgress    503 result          503    nack, retried later
-//	event has no key                       ErrNoKey            500    nack (fail closed)
-//	event data is not a Pub/Sub envelope   ErrMalformedEvent   500    nack
+//	event has no key                       400 result          400    nack (fail closed)
+//	event data is not a Pub/Sub envelope   400 result          400    nack (fail closed)
+//	backend failed to claim                the error           500    nack, retried
+//
+// A result wraps what the guard decided: errors.Is sees [ErrInProgress],
+// [ErrNoKey] or [ErrMalformedEvent] through it. An unkeyed or malformed
+// message is a 400 because Pub/Sub redelivers every nack alike (it is kept,
+// never lost, until the dead-letter policy takes it) while people and
+// monitoring read the status: the message is wrong, not the service.
 //
 // Only the guard's own outcomes ack. A handler's error is a failure even
-// when it wraps ErrDuplicate (a nested Lock's), and it keeps a cloudevents
+// when it wraps [ErrDuplicate] (a nested Lock's), and it keeps a cloudevents
 // HTTP result's status only when that is a 4xx or 5xx: any status that
 // Pub/Sub would take as an ack becomes a 500. docs/bad-input.md lists what
 // every hostile input gets.
@@ -47,7 +59,7 @@
 //
 //  1. The lease must exceed the longest run of the guarded work; otherwise a
 //     redelivery may take the key over while the work still runs. Work of
-//     unbounded length can renew its lease with WithHeartbeat.
+//     unbounded length can renew its lease with [WithHeartbeat].
 //  2. Lease + ttl must exceed the longest life of a holder process (Cloud
 //     Run: the request timeout, at most 60 minutes), so that a record
 //     outlives every holder and fences keep rising instead of restarting.
@@ -61,5 +73,5 @@
 // failures would nack the message and run the work again, so they are
 // logged at ERROR and acknowledged: Complete failing, the claim being
 // fenced out because the work outran its lease and another delivery took
-// the key, and the OnDuplicate hook failing or panicking.
+// the key, and the [OnDuplicate] hook failing or panicking.
 package idempotency

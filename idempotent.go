@@ -17,7 +17,7 @@ import (
 // take it.
 type CloudEventFunc = func(context.Context, event.Event) error
 
-// DisableEnv names the environment variable that turns Idempotent into a
+// DisableEnv names the environment variable that turns [Idempotent] into a
 // pass-through: set to 1, true, yes or on (any case), the handler runs
 // unguarded and the backend is never called. It is meant for unit tests of
 // a handler body; never set it in production, where a redelivery would then

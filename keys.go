@@ -12,20 +12,22 @@ import (
 )
 
 // KeyFunc resolves the idempotency key of an event. An empty key with a nil
-// error means the event has no key: Idempotent then refuses it (nack) unless
-// AllowUnguarded is set. A non-nil error nacks the event. Idempotent checks
-// the key, behind its prefix, with store.ValidateKey before any backend
-// call: a key with a NUL byte, or longer than store.MaxKeyLen, is an error.
-// The KeyFuncs of this package return such an error themselves (wrapping
-// store.ErrInvalidKey) rather than the key.
+// error means the event has no key: [Idempotent] then refuses it with
+// [ErrNoKey] (a 400 nack) unless [AllowUnguarded] is set. A non-nil error
+// nacks the event: with a 400 when it wraps [ErrMalformedEvent] or
+// [store.ErrInvalidKey] (the message is at fault), else with a 500.
+// Idempotent checks the key, behind its prefix, with [store.ValidateKey]
+// before any backend call: a key with a NUL byte, or longer than
+// [store.MaxKeyLen], is refused. The KeyFuncs of this package return such
+// an error themselves (wrapping store.ErrInvalidKey) rather than the key.
 //
 // The key decides what counts as a duplicate. MessageID catches
-// redeliveries of one publish; a business key (Attribute, JSONField, or a
+// redeliveries of one publish; a business key ([Attribute], [JSONField], or a
 // func of your own) also catches a producer publishing the same thing twice.
 type KeyFunc func(e event.Event) (string, error)
 
-// MessageID keys an event by its Pub/Sub messageId (see ParsePubSub). It is
-// Idempotent's default.
+// MessageID keys an event by its Pub/Sub messageId (see [ParsePubSub]). It
+// is [Idempotent]'s default.
 func MessageID() KeyFunc {
 	return messageID
 }

@@ -12,15 +12,15 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// ErrDuplicate is returned by Lock when the key was already completed within
+// ErrDuplicate is returned by [Lock] when the key was already completed within
 // its ttl: the body did not run. A message handler should ack it. The error
-// is a *DuplicateError, which names the key.
+// is a *[DuplicateError], which names the key.
 //
 // errors.Is(err, ErrDuplicate) also holds for a body's error that wraps a
 // nested Lock's duplicate: that body ran and failed, and Lock released the
 // claim, so acking it would lose the message. Ack only Lock's own outcome:
-// see IsOwnDuplicate. Idempotent and PushHandler make that distinction
-// themselves.
+// see [IsOwnDuplicate]. [Idempotent] and [PushHandler] make that
+// distinction themselves.
 var ErrDuplicate = errors.New("idempotency: duplicate")
 
 // DuplicateError is the error Lock returns for a key completed within its
@@ -64,10 +64,10 @@ func IsOwnDuplicate(err error, key string) bool {
 	return ok && d != nil && d.fromLock && d.Key == key
 }
 
-// ErrInProgress is returned by Lock and Mutex when another holder's lease on
+// ErrInProgress is returned by [Lock] and [Mutex] when another holder's lease on
 // the key is live (and by Mutex when the key was completed by Lock): the body
 // did not run. A message handler should nack it so the message comes back
-// later. The error is an *InProgressError, which says until when.
+// later. The error is an *[InProgressError], which says until when.
 var ErrInProgress = errors.New("idempotency: in progress")
 
 // InProgressError is the error Lock and Mutex return for a key that someone
@@ -119,7 +119,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 //   - fn returns an error: the claim is released (the key can be claimed at
 //     once) and Lock returns fn's error unchanged, even when it wraps
 //     ErrDuplicate or ErrInProgress (a nested Lock's outcome): test with
-//     IsOwnDuplicate, not errors.Is, before acking a duplicate.
+//     [IsOwnDuplicate], not errors.Is, before acking a duplicate.
 //   - fn panics: the claim is released and the panic continues.
 //   - fn returns nil: Lock completes the key and returns nil. A failed
 //     Complete is tried again until the settle timeout. If it still
@@ -129,7 +129,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 //     come back and the work run again.
 //
 // A claim error is returned wrapped. fn receives a context carrying the
-// claim (see ClaimFrom). Complete and Release run on a context that ignores
+// claim (see [ClaimFrom]). Complete and Release run on a context that ignores
 // ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
@@ -138,7 +138,7 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 }
 
 // Mutex runs fn with key held, so that no two calls for the same key run
-// at once anywhere, and then releases the key. Unlike Lock it never marks
+// at once anywhere, and then releases the key. Unlike [Lock] it never marks
 // the key done: every call runs fn, one at a time.
 //
 //   - Key held elsewhere, or completed by Lock: fn does not run; Mutex

@@ -1,11 +1,13 @@
-// Package fake provides Store, an in-memory backend for unit tests and local
-// development, with an injectable clock and fault injection: calls that fail
-// without effect (FailNext), and calls whose reply is lost after they took
-// effect (LoseNextReply, CutConnections), as on a network.
+// Package fake provides [Store], an in-memory backend for unit tests and
+// local development, with an injectable clock ([Clock], [WithClock]) and
+// fault injection: calls that fail without effect ([Store.FailNext]), and
+// calls whose reply is lost after they took effect ([Store.LoseNextReply],
+// [Store.CutConnections]), as on a network.
 //
-// Store follows the store.Backend contract exactly (the storetest suite runs
-// against it), so a handler tested on it behaves the same on Datastore, Redis
-// or SQL. It keeps its records in one process: it de-duplicates deliveries
+// Store follows the [store.Backend] contract exactly (the
+// [github.com/gcp-pubsub-idempotency/idempotency/store/storetest] suite runs
+// against it), so a handler tested on it behaves the same on Datastore,
+// Redis or SQL. It keeps its records in one process: it de-duplicates deliveries
 // that reach the same process only.
 package fake
 
@@ -47,8 +49,8 @@ func (o Op) String() string {
 	return "Op(" + strconv.Itoa(int(o)) + ")"
 }
 
-// ErrReplyLost is what a call returns when LoseNextReply or CutConnections
-// lost its reply. The call may have taken effect: the caller cannot know,
+// ErrReplyLost is what a call returns when [Store.LoseNextReply] or
+// [Store.CutConnections] lost its reply. The call may have taken effect: the caller cannot know,
 // exactly as after a network failure.
 var ErrReplyLost = errors.New("fake: reply lost")
 
@@ -61,24 +63,25 @@ type Record struct {
 	ExpiresAt   time.Time
 }
 
-// Option configures a Store.
+// Option configures a [Store] built by [New].
 type Option func(*Store)
 
 // WithTTL sets how long a completed key suppresses duplicates (and how long
-// a Claimed record outlives its lease). The default is store.DefaultTTL.
-// New panics if ttl is not positive.
+// a Claimed record outlives its lease). The default is [store.DefaultTTL].
+// [New] panics if ttl is not positive.
 func WithTTL(ttl time.Duration) Option {
 	return func(s *Store) { s.ttl = ttl }
 }
 
-// WithClock makes the Store read time from now instead of time.Now. A
-// *Clock's Now method fits.
+// WithClock makes the Store read time from now instead of [time.Now]. A
+// *[Clock]'s [Clock.Now] method fits.
 func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
 }
 
-// Store is an in-memory store.Backend. It is safe for concurrent use. The
-// zero value is ready to use with store.DefaultTTL and the system clock.
+// Store is an in-memory [store.Backend], [store.Extender] and
+// [store.Purger]. It is safe for concurrent use. The zero value is ready to
+// use with [store.DefaultTTL] and the system clock.
 type Store struct {
 	ttl time.Duration
 	now func() time.Time
@@ -143,10 +146,10 @@ func (s *Store) FailNext(op Op, err error) {
 }
 
 // LoseNextReply makes the next call of Claim, Complete, Release or Extend
-// take effect and then return an error wrapping ErrReplyLost instead of its
-// result, as when a network loses a reply after the server applied the
+// take effect and then return an error wrapping [ErrReplyLost] instead of
+// its result, as when a network loses a reply after the server applied the
 // request. A caller that retries must find its own earlier effect. Together
-// with CutConnections it makes *Store a storetest.Faults.
+// with [Store.CutConnections] it makes *Store a storetest.Faults.
 func (s *Store) LoseNextReply() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -156,7 +159,7 @@ func (s *Store) LoseNextReply() {
 // CutConnections fails every call in flight, as a cut network path would:
 // a call still waiting for the Store fails without effect, and a call that
 // is applying its change keeps the change but loses its reply (an error
-// wrapping ErrReplyLost). Later calls work.
+// wrapping [ErrReplyLost]). Later calls work.
 func (s *Store) CutConnections() {
 	s.cuts.Add(1)
 }
@@ -170,7 +173,7 @@ func (s *Store) Calls(op Op) int {
 
 // Record returns a snapshot of the record for key, and whether one exists.
 // A record past its expires-at instant still shows until a Claim replaces it
-// or PurgeExpired removes it, as in a real store.
+// or [Store.PurgeExpired] removes it, as in a real store.
 func (s *Store) Record(key string) (Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -222,7 +225,7 @@ func (s *Store) reply(op Op, cut int64) error {
 	return nil
 }
 
-// Claim implements store.Backend.
+// Claim implements [store.Backend].
 func (s *Store) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
 	if err := store.ValidateKey(key); err != nil {
 		return store.Result{}, err
@@ -270,7 +273,7 @@ func (s *Store) claim(key string, lease time.Duration) store.Result {
 	}
 }
 
-// Complete implements store.Backend.
+// Complete implements [store.Backend].
 func (s *Store) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
@@ -300,7 +303,7 @@ func (s *Store) complete(c store.Claim) bool {
 	return true
 }
 
-// Release implements store.Backend.
+// Release implements [store.Backend].
 func (s *Store) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
@@ -320,7 +323,7 @@ func (s *Store) Release(ctx context.Context, c store.Claim) error {
 	return s.reply(OpRelease, cut)
 }
 
-// Extend implements store.Extender.
+// Extend implements [store.Extender].
 func (s *Store) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
@@ -350,7 +353,7 @@ func (s *Store) Extend(ctx context.Context, c store.Claim, lease time.Duration) 
 	return c, nil
 }
 
-// PurgeExpired implements store.Purger.
+// PurgeExpired implements [store.Purger].
 func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -371,8 +374,8 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	return n, nil
 }
 
-// Clock is a manual clock for tests: it stands still until Advance or Set
-// moves it. It is safe for concurrent use.
+// Clock is a manual clock for tests: it stands still until [Clock.Advance]
+// or [Clock.Set] moves it. It is safe for concurrent use.
 type Clock struct {
 	mu  sync.Mutex
 	now time.Time
