@@ -49,7 +49,7 @@ type HistoryOptions struct {
 	FaultRate float64
 
 	// PurgeEvery makes the run call PurgeExpired once every so many calls,
-	// from a goroutine of its own, when the backend is a store.Purger.
+	// from a goroutine of its own, when the backend is a [store.Purger].
 	// Default 200; negative never purges.
 	PurgeEvery int
 
@@ -73,7 +73,7 @@ const opTimeout = 10 * time.Second
 //
 // Each key has a few clients that behave like the verbs built on the port:
 // they claim with short leases; when they win they complete, release,
-// extend (when the backend is a store.Extender), keep working until the
+// extend (when the backend is a [store.Extender]), keep working until the
 // lease lapses, or crash and come back later as zombies that complete or
 // release (or extend) an old claim; once a key is done they mostly move on
 // to a fresh key, and come back to old ones as redeliveries do. Leases lapse
@@ -83,7 +83,7 @@ const opTimeout = 10 * time.Second
 // ttls of real time (so a real-clock harness should keep its TTL at a
 // second or two). With h.Faults, replies are lost and connections cut at
 // random; a call that returns an error is recorded with an unknown outcome.
-// When the backend is a store.Purger, PurgeExpired runs now and then.
+// When the backend is a [store.Purger], PurgeExpired runs now and then.
 //
 // Every call is recorded with its window on the backend's clock (h.Now
 // before and after it). The checker (github.com/anishathalye/porcupine)

@@ -1,22 +1,40 @@
-// Package storetest is the conformance suite for store.Backend
-// implementations. Every backend in this module runs it, and so can a third
-// party's:
+// Package storetest is the conformance suite for [store.Backend]
+// implementations: every MUST rule of package store, each as a case. Every
+// backend in this repository runs it, and so can a third party's, from a
+// test in its own package:
 //
 //	func TestContract(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Harness {
 //			clock := fake.NewClock(time.Now())
+//			b := mybackend.New(db, mybackend.WithClock(clock.Now))
 //			return storetest.Harness{
-//				Backend: fake.New(fake.WithClock(clock.Now)),
+//				Backend: b,
 //				TTL:     store.DefaultTTL,
-//				Advance: clock.Advance,
+//				Advance: clock.Advance, // or nil, with a short TTL, for a server's clock
 //				Now:     clock.Now,
+//				Faults:  proxy, // breaks the path to b's server; nil skips those cases
 //			}
 //		})
 //	}
 //
-// Each case is a subtest named after the rule it checks, runs in parallel on
-// a fresh Harness with keys of its own, and can be selected with -run (for
-// example -run 'TestContract/zombie').
+// [Run] calls the function once per case, with that case's *testing.T, so
+// each case gets a fresh [Harness]. Each case is a subtest named after the
+// rule it checks ("zombie_cannot_complete_over_a_newer_claim"), runs in
+// parallel with keys of its own, and can be selected with -run:
+//
+//	go test -run 'TestContract/zombie_cannot_complete' ./mybackend
+//	go test -v -run 'TestContract/lease|TestContract/ttl' ./mybackend
+//
+// The optional parts of the port are checked when the backend has them. A
+// backend that does not implement [store.Extender] skips the two cases about
+// Extend, one without [store.Purger] skips the case about PurgeExpired, and
+// a [Harness] without [Faults] skips the four cases about lost replies and
+// cut connections; each skip says what it left unchecked. Every other case
+// runs for every backend, and the cases that also touch an optional method
+// (invalid keys, cancelled contexts, a claim from before a deletion, the
+// history check) call it only when the backend has it.
+//
+// [CheckHistory] runs the history case on its own, with options.
 package storetest
 
 import (
@@ -308,6 +326,28 @@ func (e *env) faults() Faults {
 		e.t.Skip("Harness.Faults is nil: retry safety after lost replies and cut connections is not checked; every networked backend should provide it")
 	}
 	return e.h.Faults
+}
+
+// extender returns the backend as a store.Extender, or skips the case when
+// it is not one.
+func (e *env) extender() store.Extender {
+	e.t.Helper()
+	x, ok := e.h.Backend.(store.Extender)
+	if !ok {
+		e.t.Skipf("%T does not implement store.Extender: Extend is not checked (without it, long work cannot renew its lease)", e.h.Backend)
+	}
+	return x
+}
+
+// purger returns the backend as a store.Purger, or skips the case when it
+// is not one.
+func (e *env) purger() store.Purger {
+	e.t.Helper()
+	p, ok := e.h.Backend.(store.Purger)
+	if !ok {
+		e.t.Skipf("%T does not implement store.Purger: PurgeExpired is not checked (its storage must delete expired records by itself)", e.h.Backend)
+	}
+	return p
 }
 
 func (e *env) won(key string, lease time.Duration) store.Claim {
@@ -729,10 +769,7 @@ func cancelledContext(t *testing.T, e *env) {
 }
 
 func extend(t *testing.T, e *env) {
-	x, ok := e.h.Backend.(store.Extender)
-	if !ok {
-		t.Skipf("%T does not implement store.Extender", e.h.Backend)
-	}
+	x := e.extender()
 	k := e.key()
 	c := e.won(k, e.short())
 	if e.h.Advance != nil {
@@ -813,10 +850,7 @@ func extend(t *testing.T, e *env) {
 }
 
 func purge(t *testing.T, e *env) {
-	p, ok := e.h.Backend.(store.Purger)
-	if !ok {
-		t.Skipf("%T does not implement store.Purger", e.h.Backend)
-	}
+	p := e.purger()
 	expired, done, held, lapsed := e.key(), e.key(), e.key(), e.key()
 	old := e.won(expired, e.long())
 	e.complete(old, true)
@@ -1043,10 +1077,7 @@ func releasedOutlives(t *testing.T, e *env) {
 // extendedOutlives: an extended record expires at its new lease expiry +
 // ttl, not at the old one's.
 func extendedOutlives(t *testing.T, e *env) {
-	x, ok := e.h.Backend.(store.Extender)
-	if !ok {
-		t.Skipf("%T does not implement store.Extender", e.h.Backend)
-	}
+	x := e.extender()
 	k := e.key()
 	c := e.won(k, e.short())
 	ext, err := x.Extend(e.ctx, c, 4*e.h.Step)
