@@ -6,13 +6,13 @@ import (
 	"log"
 	"os"
 
-	_ "github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
 )
 
-// Cloud SQL for PostgreSQL (or AlloyDB) through pgx.
+// Cloud SQL for PostgreSQL (or AlloyDB) through pgx: the program also
+// imports _ "github.com/jackc/pgx/v5/stdlib", which registers the driver
+// "pgx". sqllock itself brings no driver.
 func ExampleNew() {
 	ctx := context.Background()
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))

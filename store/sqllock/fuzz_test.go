@@ -1,17 +1,11 @@
-package sqllock
+package sqllock_test
 
 import (
-	"context"
-	"database/sql"
-	"database/sql/driver"
-	"errors"
-	"fmt"
-	"io"
 	"strings"
-	"sync"
 	"testing"
 
-	_ "modernc.org/sqlite"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // plainIdent is the rule New must enforce, written out byte by byte rather
@@ -19,7 +13,7 @@ import (
 // starting with a digit, 1 to 63 bytes. Such a name never needs quoting
 // for its characters and fits every engine whole.
 func plainIdent(s string) bool {
-	if len(s) == 0 || len(s) > maxIdent {
+	if len(s) == 0 || len(s) > dialect.MaxIdent {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -52,8 +46,9 @@ func plainTable(s string) bool {
 // accept exactly the plain names (so none that would need quoting for its
 // characters, none longer than an engine keeps whole), and for an accepted
 // name every dialect's DDL must quote exactly the table and an index name
-// that is itself plain and differs from the table's; SQLite must run the
-// DDL.
+// that is itself plain and differs from the table's. (That each engine
+// runs the DDL, for every shape of name, is enginetest's
+// TestEnsureSchemaForEveryShapeOfTableName.)
 func FuzzTableName(f *testing.F) {
 	for _, s := range []string{
 		// The hostile names TestNewRefusesHostileTableNames refuses.
@@ -68,15 +63,9 @@ func FuzzTableName(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	db, err := sql.Open("sqlite", "file::memory:")
-	if err != nil {
-		f.Fatal(err)
-	}
-	db.SetMaxOpenConns(1) // one connection: one in-memory database
-	f.Cleanup(func() { db.Close() })
-
+	db := noDB(f)
 	f.Fuzz(func(t *testing.T, name string) {
-		b, err := New(db, SQLite, WithTable(name))
+		_, err := sqllock.New(db, sqllock.SQLite, sqllock.WithTable(name))
 		if plain := plainTable(name); (err == nil) != plain {
 			t.Fatalf("New(WithTable(%q)): err = %v; the name is plain: %v", name, err, plain)
 		}
@@ -85,52 +74,46 @@ func FuzzTableName(f *testing.F) {
 		}
 		parts := strings.Split(name, ".")
 		table := parts[len(parts)-1]
-		idx := indexName(table)
+		idx := dialect.IndexName(table)
 		if !plainIdent(idx) || idx == table {
 			t.Fatalf("table %q: index name %q (%d bytes) is not plain or equals the table's", name, idx, len(idx))
 		}
-		for _, d := range []*Dialect{Postgres, MySQL, SQLite} {
-			ddl := d.render(name).schema1
-			q := d.quote("")[:1]
-			all := strings.Join(d.schema, "\n")
+		for d, sq := range dialects {
+			b, err := sqllock.New(db, d, sqllock.WithTable(name))
+			if err != nil {
+				t.Fatalf("%s: New(WithTable(%q)): %v", d, name, err)
+			}
+			ddl := b.Schema()
+			if want := sq.Render(name).Schema1; ddl != want {
+				t.Fatalf("%s: Schema() for %q is not its dialect's DDL:\n%s\nwant\n%s", d, name, ddl, want)
+			}
+			q := sq.Quote("")[:1]
+			all := strings.Join(sq.Schema, "\n")
 			refs := strings.Count(all, "{T}") + strings.Count(all, "{SI}")
 			want := 2 * (refs*len(parts) + strings.Count(all, "{TN}") + strings.Count(all, "{I}"))
 			if got := strings.Count(ddl, q); got != want {
 				t.Fatalf("%s DDL for %q holds %d quote characters, want %d:\n%s", d, name, got, want, ddl)
 			}
-			if !strings.Contains(ddl, d.quote(idx)) {
+			if !strings.Contains(ddl, sq.Quote(idx)) {
 				t.Fatalf("%s DDL for %q does not name the index %q:\n%s", d, name, idx, ddl)
 			}
-		}
-		if len(parts) == 2 && parts[0] != "main" {
-			return // SQLite knows no other schema here
-		}
-		// Running the DDL is what makes an execution slow: run it once per
-		// shape of name (parts, table length, first byte's class), which is
-		// all the DDL can depend on once the characters are plain.
-		shape := fmt.Sprint(len(parts), len(table), table[0] == '_', table[0] >= 'a')
-		if _, done := ranDDL.LoadOrStore(shape, true); done {
-			return
-		}
-		ctx := context.Background()
-		if err := b.EnsureSchema(ctx); err != nil {
-			t.Fatalf("EnsureSchema(%q): %v", name, err)
-		}
-		if _, err := db.ExecContext(ctx, "DROP TABLE "+SQLite.quote(table)); err != nil {
-			t.Fatalf("DROP TABLE %q: %v", table, err)
 		}
 	})
 }
 
-// ranDDL holds the shapes of name whose DDL FuzzTableName has run.
-var ranDDL sync.Map
+// dialects is each Dialect with the SQL it stands for.
+var dialects = map[sqllock.Dialect]*dialect.SQL{
+	sqllock.Postgres: dialect.Postgres(),
+	sqllock.MySQL:    dialect.MySQL(),
+	sqllock.SQLite:   dialect.SQLite(),
+}
 
 func TestIndexNamesAtTheLimit(t *testing.T) {
 	seen := map[string]string{}
-	for n := 1; n <= maxIdent; n++ {
+	for n := 1; n <= dialect.MaxIdent; n++ {
 		for _, last := range "ab" {
 			table := strings.Repeat("t", n-1) + string(last)
-			idx := indexName(table)
+			idx := dialect.IndexName(table)
 			if !plainIdent(idx) || idx == table {
 				t.Fatalf("table of %d: index %q", n, idx)
 			}
@@ -138,35 +121,9 @@ func TestIndexNamesAtTheLimit(t *testing.T) {
 				t.Fatalf("tables %q and %q share the index name %q", other, table, idx)
 			}
 			seen[idx] = table
-			if n+len("_expires_at") <= maxIdent && idx != table+"_expires_at" {
+			if n+len("_expires_at") <= dialect.MaxIdent && idx != table+"_expires_at" {
 				t.Fatalf("table of %d: index %q, want the name earlier versions created", n, idx)
 			}
-		}
-	}
-}
-
-type sqlStateErr string
-
-func (e sqlStateErr) Error() string    { return "server said " + string(e) }
-func (e sqlStateErr) SQLState() string { return string(e) }
-
-func TestMayHaveLanded(t *testing.T) {
-	for _, c := range []struct {
-		err  error
-		want bool
-	}{
-		{io.ErrUnexpectedEOF, true},
-		{errors.New("invalid connection"), true},
-		{fmt.Errorf("write: %w", errors.New("broken pipe")), true},
-		{driver.ErrBadConn, false},
-		{sqlStateErr("40P01"), false},
-		{fmt.Errorf("wrapped: %w", sqlStateErr("40001")), false},
-		{errors.New("Error 1213 (40001): Deadlock found when trying to get lock"), false},
-		{errors.New("Error 1205 (HY000): Lock wait timeout exceeded"), false},
-		{errors.New("Error 4031 (HY000): The client was disconnected by the server"), false},
-	} {
-		if got := mayHaveLanded(c.err); got != c.want {
-			t.Errorf("mayHaveLanded(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }

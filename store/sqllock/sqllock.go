@@ -36,17 +36,16 @@ package sqllock
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"regexp"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // DefaultTable is the table the backend uses unless WithTable says
@@ -67,17 +66,18 @@ func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl }
 
 // WithRetries sets how many more times an operation is sent, with the same
 // claim token, after a broken connection, a deadlock, a serialization
-// failure or a busy database. Default 3.
+// failure or a busy database, waiting a jittered backoff between attempts
+// (10ms, doubling up to 320ms). Default 3; negative makes New fail.
 func WithRetries(n int) Option { return func(b *Backend) { b.retries = n } }
 
 // Backend is a store.Backend on a SQL table. It is safe for concurrent use.
 type Backend struct {
 	db      *sql.DB
-	d       *Dialect
 	table   string
 	ttl     time.Duration
 	retries int
-	q       statements
+	q       dialect.Statements
+	backoff retry.Policy
 
 	mu       sync.Mutex
 	prepared map[string]*preparing
@@ -92,17 +92,20 @@ var (
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // New returns a Backend over db in dialect d. It does no I/O: call
-// EnsureSchema, or create the table yourself from Schema.
-func New(db *sql.DB, d *Dialect, opts ...Option) (*Backend, error) {
-	b := &Backend{db: db, d: d, table: DefaultTable, ttl: store.DefaultTTL, retries: 3}
+// EnsureSchema, or create the table yourself from Schema. It fails if db is
+// nil, d is not one of [Postgres], [MySQL] or [SQLite], or an option's
+// value is invalid.
+func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
+	b := &Backend{db: db, table: DefaultTable, ttl: store.DefaultTTL, retries: 3}
 	for _, o := range opts {
 		o(b)
 	}
 	if db == nil {
 		return nil, errors.New("sqllock: nil *sql.DB")
 	}
-	if d == nil {
-		return nil, errors.New("sqllock: nil Dialect (use sqllock.Postgres, sqllock.MySQL or sqllock.SQLite)")
+	sq := d.sql()
+	if sq == nil {
+		return nil, fmt.Errorf("sqllock: %v is not a dialect (use sqllock.Postgres, sqllock.MySQL or sqllock.SQLite)", d)
 	}
 	parts := strings.Split(b.table, ".")
 	if len(parts) > 2 {
@@ -119,13 +122,14 @@ func New(db *sql.DB, d *Dialect, opts ...Option) (*Backend, error) {
 	if b.retries < 0 {
 		return nil, fmt.Errorf("sqllock: retries %d is negative", b.retries)
 	}
-	b.q = d.render(b.table)
+	b.q = sq.Render(b.table)
+	b.backoff = retry.Policy{Retries: b.retries, Base: 10 * time.Millisecond, Max: 320 * time.Millisecond}
 	return b, nil
 }
 
 // Schema returns the DDL EnsureSchema runs: the table and its index on
 // expires_at_ms.
-func (b *Backend) Schema() string { return b.q.schema1 }
+func (b *Backend) Schema() string { return b.q.Schema1 }
 
 // TTL returns the ttl the backend applies.
 func (b *Backend) TTL() time.Duration { return b.ttl }
@@ -139,12 +143,12 @@ func (b *Backend) EnsureSchema(ctx context.Context) error {
 			return err
 		}
 		defer tx.Rollback()
-		if b.q.lockDDL != "" {
-			if _, err := tx.ExecContext(ctx, b.q.lockDDL); err != nil {
+		if b.q.LockDDL != "" {
+			if _, err := tx.ExecContext(ctx, b.q.LockDDL); err != nil {
 				return err
 			}
 		}
-		for _, q := range b.q.schema {
+		for _, q := range b.q.Schema {
 			if _, err := tx.ExecContext(ctx, q); err != nil {
 				return fmt.Errorf("sqllock: %s: %w", firstLine(q), err)
 			}
@@ -161,96 +165,6 @@ func firstLine(s string) string {
 }
 
 func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
-
-// transient reports whether a retry may clear err.
-func transient(err error) bool {
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, sql.ErrConnDone) {
-		return true
-	}
-	var ne net.Error
-	if errors.As(err, &ne) {
-		return true
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		switch pg.SQLState() {
-		case "40001", "40P01", "55P03", "57P01", "57P02", "57P03", "08000", "08003", "08006":
-			return true
-		}
-	}
-	var lite interface{ Code() int }
-	if errors.As(err, &lite) {
-		switch lite.Code() & 0xff {
-		case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
-			return true
-		}
-	}
-	msg := err.Error()
-	for _, s := range []string{"Error 1213", "Error 1205", "Error 2006", "Error 2013", "invalid connection", "broken pipe", "connection reset"} {
-		if strings.Contains(msg, s) {
-			return true
-		}
-	}
-	return false
-}
-
-// errUnknownOutcome ends a Claim's retries: an earlier attempt's reply was
-// lost, and the record no longer says whether that attempt had won.
-var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
-
-// mayHaveLanded reports whether the write that failed with err may have
-// been applied all the same: true unless the server itself refused the
-// statement (an SQLSTATE, a MySQL error number, an SQLite code; a single
-// statement outside a transaction that failed changed nothing) or the
-// driver reported that it sent nothing (driver.ErrBadConn).
-func mayHaveLanded(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) {
-		return false
-	}
-	var pg interface{ SQLState() string }
-	if errors.As(err, &pg) {
-		return false
-	}
-	var lite interface{ Code() int }
-	if errors.As(err, &lite) {
-		return false
-	}
-	return !mysqlServerError.MatchString(err.Error())
-}
-
-// mysqlServerError matches go-sql-driver/mysql's rendering of an error the
-// server sent ("Error 1213 (40001): ..."); client-side errors such as 2006
-// and 2013 (the server went away, the connection was lost) are the ones
-// whose write may have landed.
-var mysqlServerError = regexp.MustCompile(`(^|: )Error [134]\d{3}\b`)
-
-// retry runs op, and again after a transient failure, within ctx and the
-// retry budget.
-func (b *Backend) retry(ctx context.Context, op func() error) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	var err error
-	for attempt := 0; ; attempt++ {
-		err = op()
-		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
-			// The call did not finish because ctx ended: say so, whatever
-			// the attempt's own error was (a broken connection, a dial).
-			return fmt.Errorf("%w: %w", ctx.Err(), err)
-		}
-		if err == nil || attempt >= b.retries || ctx.Err() != nil || !transient(err) || errors.Is(err, errUnknownOutcome) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", ctx.Err(), err)
-		case <-time.After(time.Duration(10<<min(attempt, 5)) * time.Millisecond):
-		}
-	}
-}
 
 // preparing is one statement's prepare: the first caller that needs the
 // statement runs it, later callers wait for ready (or for their own ctx).
@@ -378,7 +292,7 @@ type row struct {
 }
 
 func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
-	err = b.queryRow(ctx, b.q.read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.now)
+	err = b.queryRow(ctx, b.q.Read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}
@@ -428,9 +342,9 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		for range maxRounds {
 			var err error
 			switch {
-			case b.q.claim != "":
+			case b.q.Claim != "":
 				res, err = b.claimOne(ctx, k, lease, token)
-			case b.q.upsert != "":
+			case b.q.Upsert != "":
 				res, err = b.claimUpsert(ctx, k, lease, token)
 			default:
 				res, err = b.claimMySQL(ctx, k, lease, token)
@@ -465,7 +379,7 @@ func won(fence, lease int64, token string) store.Result {
 // claimOne: Postgres, every outcome in one statement.
 func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	var outcome, fence, until, now int64
-	err := b.queryRow(ctx, b.q.claim, []any{k, millis(lease), millis(b.ttl), token}, &outcome, &fence, &until, &now)
+	err := b.queryRow(ctx, b.q.Claim, []any{k, millis(lease), millis(b.ttl), token}, &outcome, &fence, &until, &now)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// the conflict saw the row, the snapshot did not. Look again.
@@ -495,7 +409,7 @@ func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, t
 // claimUpsert: SQLite, the upsert, and a read when the key is taken.
 func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	var fence, until int64
-	err := b.queryRow(ctx, b.q.upsert, []any{k, millis(lease), millis(b.ttl), token}, &fence, &until)
+	err := b.queryRow(ctx, b.q.Upsert, []any{k, millis(lease), millis(b.ttl), token}, &fence, &until)
 	if err == nil {
 		return won(fence, until, token), nil
 	}
@@ -521,7 +435,7 @@ func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration
 // claimMySQL: INSERT IGNORE, then read, then a conditional reclaim.
 func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	lms, tms := millis(lease), millis(b.ttl)
-	inserted, err := b.exec(ctx, b.q.insert, k, lms, lms, tms, token)
+	inserted, err := b.exec(ctx, b.q.Insert, k, lms, lms, tms, token)
 	if err != nil {
 		return store.Result{}, err
 	}
@@ -546,7 +460,7 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 		return res, nil
 	}
 	newLease := r.now + lms
-	n, err := b.exec(ctx, b.q.reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
+	n, err := b.exec(ctx, b.q.Reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
 	if err != nil {
 		return store.Result{}, err
 	}
@@ -564,9 +478,9 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	k := []byte(c.Key)
 	var done bool
 	err := b.retry(ctx, func() error {
-		if b.d.returning {
+		if b.q.Returning {
 			var one int
-			err := b.queryRow(ctx, b.q.complete, []any{k, c.Fence, millis(b.ttl), c.Token}, &one)
+			err := b.queryRow(ctx, b.q.Complete, []any{k, c.Fence, millis(b.ttl), c.Token}, &one)
 			if errors.Is(err, sql.ErrNoRows) {
 				done = false
 				return nil
@@ -574,7 +488,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 			done = err == nil
 			return err
 		}
-		n, err := b.exec(ctx, b.q.complete, millis(b.ttl), k, c.Fence, c.Token)
+		n, err := b.exec(ctx, b.q.Complete, millis(b.ttl), k, c.Fence, c.Token)
 		if err != nil || n == 1 {
 			done = n == 1
 			return err
@@ -582,7 +496,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 		// Nothing changed: either the fence is stale, or an earlier try
 		// already completed it.
 		var count int
-		err = b.queryRow(ctx, b.q.isDone, []any{k, c.Fence, c.Token}, &count)
+		err = b.queryRow(ctx, b.q.IsDone, []any{k, c.Fence, c.Token}, &count)
 		done = count == 1
 		return err
 	})
@@ -600,10 +514,10 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	k := []byte(c.Key)
 	err := b.retry(ctx, func() error {
 		var err error
-		if b.d.returning {
-			_, err = b.exec(ctx, b.q.release, k, c.Fence, millis(b.ttl), c.Token)
+		if b.q.Returning {
+			_, err = b.exec(ctx, b.q.Release, k, c.Fence, millis(b.ttl), c.Token)
 		} else {
-			_, err = b.exec(ctx, b.q.release, millis(b.ttl), k, c.Fence, c.Token)
+			_, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, c.Fence, c.Token)
 		}
 		return err
 	})
@@ -625,8 +539,8 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	var until int64
 	var held bool
 	err := b.retry(ctx, func() error {
-		if b.d.returning {
-			err := b.queryRow(ctx, b.q.extend, []any{k, c.Fence, millis(lease), millis(b.ttl), c.Token}, &until)
+		if b.q.Returning {
+			err := b.queryRow(ctx, b.q.Extend, []any{k, c.Fence, millis(lease), millis(b.ttl), c.Token}, &until)
 			if errors.Is(err, sql.ErrNoRows) {
 				held = false
 				return nil
@@ -634,10 +548,10 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 			held = err == nil
 			return err
 		}
-		if _, err := b.exec(ctx, b.q.extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence, c.Token); err != nil {
+		if _, err := b.exec(ctx, b.q.Extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence, c.Token); err != nil {
 			return err
 		}
-		err := b.queryRow(ctx, b.q.lease, []any{k, c.Fence, c.Token}, &until)
+		err := b.queryRow(ctx, b.q.Lease, []any{k, c.Fence, c.Token}, &until)
 		if errors.Is(err, sql.ErrNoRows) {
 			held = false
 			return nil
@@ -671,7 +585,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 		var deleted int64
 		err := b.retry(ctx, func() error {
 			var err error
-			deleted, err = b.exec(ctx, b.q.purge, n)
+			deleted, err = b.exec(ctx, b.q.Purge, n)
 			return err
 		})
 		if err != nil {

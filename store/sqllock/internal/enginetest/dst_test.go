@@ -1,7 +1,6 @@
-package sqllock_test
+package enginetest
 
 import (
-	"database/sql"
 	"fmt"
 	"testing"
 	"time"
@@ -21,20 +20,12 @@ import (
 // PurgeExpired leaves a record alone before its expires-at.
 func TestMySQLClockIgnoresTheSessionTimeZoneAcrossDST(t *testing.T) {
 	_, base := testsvc.StartMariaDBInZone(t, "Europe/Berlin")
-	admin, err := sql.Open("mysql", base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if _, err := admin.Exec("CREATE DATABASE idem_dst"); err != nil {
-		t.Fatal(err)
-	}
 	// One connection, so the pinned session clock is the backend's.
-	db := engines[1].open(t, base+"idem_dst", nil)
+	db := mariadb.open(t, createDatabase(t, base, "idem_dst"), nil)
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
 	const ttl = time.Hour
-	b := engines[1].backend(t, db, sqllock.WithTTL(ttl))
+	b := mariadb.backend(t, db, sqllock.WithTTL(ttl))
 	table := tableOf(b)
 	ctx := t.Context()
 

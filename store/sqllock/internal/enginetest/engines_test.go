@@ -1,4 +1,4 @@
-package sqllock_test
+package enginetest
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -17,44 +16,60 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // engine opens databases of one kind for the tests.
 type engine struct {
 	name    string
-	dialect *sqllock.Dialect
+	dialect sqllock.Dialect
+	// sql is the dialect's SQL, for the tests that evaluate its parts.
+	sql func() *dialect.SQL
 	// dsn returns a data source name for a fresh or shared database.
 	dsn func(t testing.TB) string
 	drv driver.Driver
 }
 
 var engines = []engine{
-	{"postgres", sqllock.Postgres, func(t testing.TB) string { return testsvc.Postgres(t) }, &stdlib.Driver{}},
-	{"mysql", sqllock.MySQL, mariaDSN, &mysql.MySQLDriver{}},
-	{"sqlite", sqllock.SQLite, sqliteDSN, &sqlite.Driver{}},
+	{"postgres", sqllock.Postgres, dialect.Postgres, func(t testing.TB) string { return testsvc.Postgres(t) }, &stdlib.Driver{}},
+	{"mysql", sqllock.MySQL, dialect.MySQL, mariaDSN, &mysql.MySQLDriver{}},
+	{"sqlite", sqllock.SQLite, dialect.SQLite, sqliteDSN, &sqlite.Driver{}},
 }
 
+// The networked engines, and each engine by name.
 var (
-	mariaOnce sync.Once
-	mariaErr  error
+	networked         = engines[:2]
+	postgres, mariadb = engines[0], engines[1]
+	sqliteEngine      = engines[2]
 )
+
+// eachEngine runs test as a subtest of t for each of engines.
+func eachEngine(t *testing.T, engines []engine, test func(t *testing.T, e engine)) {
+	t.Helper()
+	for _, e := range engines {
+		t.Run(e.name, func(t *testing.T) { test(t, e) })
+	}
+}
 
 // mariaDSN returns a DSN for the database idem_test on the shared MariaDB.
 func mariaDSN(t testing.TB) string {
-	base := testsvc.MariaDB(t)
-	mariaOnce.Do(func() {
-		db, err := sql.Open("mysql", base)
-		if err != nil {
-			mariaErr = err
-			return
-		}
-		defer db.Close()
-		_, mariaErr = db.Exec("CREATE DATABASE IF NOT EXISTS idem_test")
-	})
-	if mariaErr != nil {
-		t.Fatal(mariaErr)
+	return createDatabase(t, testsvc.MariaDB(t), "idem_test")
+}
+
+// createDatabase creates the database name, if it is not there yet, on the
+// MariaDB server whose DSN (ending in "/") is base, and returns the DSN of
+// that database.
+func createDatabase(t testing.TB, base, name string) string {
+	t.Helper()
+	db, err := sql.Open("mysql", base)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return base + "idem_test"
+	defer db.Close()
+	if _, err := db.Exec("CREATE DATABASE IF NOT EXISTS " + name); err != nil {
+		t.Fatal(err)
+	}
+	return base + name
 }
 
 // sqliteDSN returns a DSN for a new database file.
@@ -87,6 +102,15 @@ func (e engine) open(t testing.TB, dsn string, c *counter) *sql.DB {
 	db.SetMaxIdleConns(64)
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// fresh opens a database of the engine (a shared one for the servers, a new
+// file for SQLite), counting statements into c (which may be nil), and
+// returns it with a backend on its own new table in it.
+func (e engine) fresh(t testing.TB, c *counter, opts ...sqllock.Option) (*sql.DB, *sqllock.Backend) {
+	t.Helper()
+	db := e.open(t, e.dsn(t), c)
+	return db, e.backend(t, db, opts...)
 }
 
 // backend returns a backend on its own new table.

@@ -1,4 +1,4 @@
-package sqllock_test
+package enginetest
 
 import (
 	"context"
@@ -28,7 +28,7 @@ import (
 // old one) until the other caller has moved the key on.
 func TestRetryAfterALostReplyThatOutlivedItsLease(t *testing.T) {
 	const lease = 300 * time.Millisecond
-	for _, e := range engines[:2] { // the networked engines
+	for _, e := range networked {
 		for _, then := range []string{"held", "done", "released", "untouched"} {
 			t.Run(e.name+"/"+then, func(t *testing.T) {
 				dsn := e.dsn(t)

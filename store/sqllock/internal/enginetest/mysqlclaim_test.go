@@ -1,4 +1,4 @@
-package sqllock_test
+package enginetest
 
 import (
 	"context"
@@ -18,10 +18,7 @@ import (
 // someone else's outcome while its own claim is unaccounted for). An error
 // is the honest answer.
 func TestMySQLClaimWhoseInsertWonIsNeverAnsweredWithAnotherCallersOutcome(t *testing.T) {
-	e := engines[1]
-	if e.name != "mysql" {
-		t.Fatalf("engines[1] is %s", e.name)
-	}
+	e := mariadb
 	dsn := e.dsn(t)
 	c := &counter{}
 	b := e.backend(t, e.open(t, dsn, c))

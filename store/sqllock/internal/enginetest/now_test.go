@@ -1,4 +1,4 @@
-package sqllock_test
+package enginetest
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // The port: a Claimed record is held while now < lease expiry, and a lease
@@ -23,7 +23,7 @@ func TestLeaseNeverEndsBeforeItsInstantNowIsTruncatedToTheMillisecond(t *testing
 	for _, e := range engines {
 		db := e.open(t, e.dsn(t), nil)
 		db.SetMaxOpenConns(1) // MySQL: the pinned session clock is the query's
-		expr := sqllock.NowSQL(e.dialect)
+		expr := e.sql().Now
 		for _, frac := range []time.Duration{0, 1 * time.Microsecond, 400 * time.Microsecond, 500 * time.Microsecond, 600 * time.Microsecond, 999 * time.Microsecond} {
 			for _, ms := range []int{0, 1, 7, 123, 999} {
 				at := base.Add(time.Duration(ms)*time.Millisecond + frac)
@@ -59,8 +59,8 @@ func TestLeaseNeverEndsBeforeItsInstantNowIsTruncatedToTheMillisecond(t *testing
 // before. A Done record's ttl then ends, for a Claim whose now is exact,
 // up to a millisecond before completion time + ttl.
 func TestSQLiteNowIsExactAtEveryMillisecond(t *testing.T) {
-	db := engines[2].open(t, engines[2].dsn(t), nil)
-	expr := sqllock.NowSQL(sqllock.SQLite)
+	db := sqliteEngine.open(t, sqliteEngine.dsn(t), nil)
+	expr := dialect.SQLite().Now
 	base := time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC)
 	bad := 0
 	for i := range 2000 {

@@ -1,4 +1,4 @@
-package sqllock_test
+package enginetest
 
 import (
 	"context"

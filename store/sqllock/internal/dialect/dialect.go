@@ -1,0 +1,275 @@
+// Package dialect holds the SQL that package sqllock sends to each engine,
+// with the table's name still to fill in ([SQL.Render]), and the names it
+// derives from the table's. It is internal so that sqllock's tests in
+// another module (store/sqllock/internal/enginetest, which brings the
+// drivers) can evaluate an engine's expression of now on its own, while
+// sqllock's users see only its Dialect constants.
+package dialect
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// SQL is the SQL of one database engine. Each call of [Postgres], [MySQL]
+// or [SQLite] returns a new one, so nothing a caller does to it reaches
+// another backend.
+type SQL struct {
+	// Name is the engine's name: postgres, mysql or sqlite.
+	Name string
+	// quote is the character that quotes an identifier.
+	quote string
+	// Now is the engine's expression of the database's now in Unix
+	// milliseconds, truncated to the millisecond.
+	Now string
+	// Schema is the DDL: the table, then (except MySQL) its index.
+	Schema []string
+	// Claim is PostgreSQL's claim: one statement for every outcome.
+	Claim string
+	// Upsert is SQLite's insert-or-reclaim, RETURNING the winner.
+	Upsert string
+	// Insert is MySQL's INSERT IGNORE of a fresh record.
+	Insert string
+	// Read reads the record and the database's now.
+	Read string
+	// Reclaim is MySQL's conditional reclaim of a lapsed record.
+	Reclaim string
+	// Complete marks the claim's record done.
+	Complete string
+	// IsDone is MySQL's: is the record done with this fence and token?
+	IsDone string
+	// Release ends the claim's lease and raises the fence.
+	Release string
+	// Extend renews the claim's lease.
+	Extend string
+	// Lease is MySQL's read of the lease expiry after an Extend.
+	Lease string
+	// Purge deletes a batch of expired records.
+	Purge string
+	// Returning says that Complete and Extend report through RETURNING
+	// (and take their arguments in the order key, fence, ...).
+	Returning bool
+	// LockDDL, if set, runs before the schema in EnsureSchema's
+	// transaction (PostgreSQL's advisory lock).
+	LockDDL string
+}
+
+// Quote quotes one identifier in the engine's style.
+func (d *SQL) Quote(name string) string { return d.quote + name + d.quote }
+
+// Postgres returns the SQL of PostgreSQL 9.5 or later (and AlloyDB, Cloud
+// SQL for PostgreSQL), for example through github.com/jackc/pgx/v5/stdlib.
+// Claim is one statement; so are Complete and Release.
+func Postgres() *SQL {
+	return &SQL{
+		Name:  "postgres",
+		quote: `"`,
+		// floor, not a plain cast: numeric to bigint rounds, which would put
+		// now up to half a millisecond ahead of the clock (a lease would end,
+		// for a racing Claim, before the LeaseExpiry its holder was given).
+		Now: `floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint`,
+		Schema: []string{
+			`CREATE TABLE IF NOT EXISTS {T} (
+	idem_key        BYTEA PRIMARY KEY,
+	state           SMALLINT NOT NULL,
+	fence           BIGINT NOT NULL,
+	lease_expiry_ms BIGINT NOT NULL,
+	expires_at_ms   BIGINT NOT NULL,
+	token           TEXT NOT NULL
+)`,
+			`CREATE INDEX IF NOT EXISTS {I} ON {T} (expires_at_ms)`,
+		},
+		LockDDL: `SELECT pg_advisory_xact_lock(7213120497)`,
+		Claim: `WITH clock AS (SELECT {NOW} AS ms),
+up AS (
+	INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
+	SELECT $1, 1, 1, ms + $2, ms + $2 + $3, $4 FROM clock
+	ON CONFLICT (idem_key) DO UPDATE SET
+		state = 1,
+		fence = CASE WHEN r.token = EXCLUDED.token THEN r.fence ELSE r.fence + 1 END,
+		lease_expiry_ms = CASE WHEN r.token = EXCLUDED.token THEN r.lease_expiry_ms ELSE EXCLUDED.lease_expiry_ms END,
+		expires_at_ms = CASE WHEN r.token = EXCLUDED.token THEN r.expires_at_ms ELSE EXCLUDED.expires_at_ms END,
+		token = EXCLUDED.token
+	WHERE (r.state = 1 AND r.token = EXCLUDED.token)
+	   OR (r.state = 1 AND r.lease_expiry_ms <= EXCLUDED.lease_expiry_ms - $2)
+	   OR (r.state = 2 AND r.expires_at_ms <= EXCLUDED.lease_expiry_ms - $2)
+	RETURNING fence, lease_expiry_ms
+)
+SELECT 1, fence, lease_expiry_ms, 0::bigint FROM up
+UNION ALL
+SELECT CASE WHEN t.state = 2 THEN 2 ELSE 3 END, t.fence,
+       CASE WHEN t.state = 2 THEN t.expires_at_ms ELSE t.lease_expiry_ms END, clock.ms
+FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
+		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = $1`,
+		Complete: `UPDATE {T} SET state = 2,
+	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + $3 ELSE expires_at_ms END
+WHERE idem_key = $1 AND fence = $2 AND token = $4 RETURNING 1`,
+		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c.ms, expires_at_ms = c.ms + $3
+FROM (SELECT {NOW} AS ms) c
+WHERE idem_key = $1 AND fence = $2 AND token = $4 AND state = 1`,
+		Extend: `UPDATE {T} SET lease_expiry_ms = c.ms + $3, expires_at_ms = c.ms + $3 + $4
+FROM (SELECT {NOW} AS ms) c
+WHERE idem_key = $1 AND fence = $2 AND token = $5 AND state = 1 RETURNING lease_expiry_ms`,
+		Purge: `DELETE FROM {T} WHERE idem_key IN (
+	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW}
+	ORDER BY expires_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires_at_ms <= {NOW}`,
+		Returning: true,
+	}
+}
+
+// SQLite returns the SQL of SQLite 3.35 or later, for example through the
+// pure-Go modernc.org/sqlite. Open the database with a busy timeout (for
+// example _pragma=busy_timeout(10000)) so concurrent writers wait rather
+// than fail. Claim is one statement, plus a read when the key is taken.
+func SQLite() *SQL {
+	return &SQL{
+		Name:  "sqlite",
+		quote: `"`,
+		// SQLite's clock is in whole milliseconds, but julianday is a float of
+		// days: round to the millisecond it stands for (a plain cast truncated
+		// about half of them to the millisecond before).
+		Now: `CAST(round((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)`,
+		Schema: []string{
+			`CREATE TABLE IF NOT EXISTS {T} (
+	idem_key        BLOB PRIMARY KEY,
+	state           INTEGER NOT NULL,
+	fence           INTEGER NOT NULL,
+	lease_expiry_ms INTEGER NOT NULL,
+	expires_at_ms   INTEGER NOT NULL,
+	token           TEXT NOT NULL
+)`,
+			// SQLite qualifies the index, not its table, with the schema.
+			`CREATE INDEX IF NOT EXISTS {SI} ON {TN} (expires_at_ms)`,
+		},
+		Upsert: `INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
+VALUES (?1, 1, 1, {NOW} + ?2, {NOW} + ?2 + ?3, ?4)
+ON CONFLICT (idem_key) DO UPDATE SET
+	state = 1,
+	fence = CASE WHEN r.token = excluded.token THEN r.fence ELSE r.fence + 1 END,
+	lease_expiry_ms = CASE WHEN r.token = excluded.token THEN r.lease_expiry_ms ELSE excluded.lease_expiry_ms END,
+	expires_at_ms = CASE WHEN r.token = excluded.token THEN r.expires_at_ms ELSE excluded.expires_at_ms END,
+	token = excluded.token
+WHERE (r.state = 1 AND r.token = excluded.token)
+   OR (r.state = 1 AND r.lease_expiry_ms <= excluded.lease_expiry_ms - ?2)
+   OR (r.state = 2 AND r.expires_at_ms <= excluded.lease_expiry_ms - ?2)
+RETURNING fence, lease_expiry_ms`,
+		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = ?1`,
+		Complete: `UPDATE {T} SET state = 2,
+	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 RETURNING 1`,
+		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?3
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 AND state = 1`,
+		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?3, expires_at_ms = {NOW} + ?3 + ?4
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?5 AND state = 1 RETURNING lease_expiry_ms`,
+		Purge: `DELETE FROM {T} WHERE idem_key IN (
+	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?1)`,
+		Returning: true,
+	}
+}
+
+// MySQL returns the SQL of MySQL 8 and MariaDB 10.5 or later (and Cloud SQL
+// for MySQL), through github.com/go-sql-driver/mysql. With no RETURNING on
+// an upsert, Claim is an INSERT IGNORE and a read (plus a conditional
+// UPDATE to reclaim); Complete and Release are one UPDATE.
+func MySQL() *SQL {
+	return &SQL{
+		Name:  "mysql",
+		quote: "`",
+		// UTC_TIMESTAMP is the session's instant as a UTC wall clock; the
+		// distance from the epoch's wall clock is taken without any time zone
+		// conversion. (UNIX_TIMESTAMP(NOW(3)) reads the wall clock back through
+		// the session time zone: an hour off in a repeated DST hour.)
+		Now: `(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)`,
+		Schema: []string{
+			`CREATE TABLE IF NOT EXISTS {T} (
+	idem_key        VARBINARY(1024) NOT NULL PRIMARY KEY,
+	state           TINYINT NOT NULL,
+	fence           BIGINT NOT NULL,
+	lease_expiry_ms BIGINT NOT NULL,
+	expires_at_ms   BIGINT NOT NULL,
+	token           VARCHAR(64) NOT NULL,
+	INDEX {I} (expires_at_ms)
+) ENGINE=InnoDB`,
+		},
+		Insert: `INSERT IGNORE INTO {T} (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
+VALUES (?, 1, 1, {NOW} + ?, {NOW} + ? + ?, ?)`,
+		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = ?`,
+		Reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = ?
+WHERE idem_key = ? AND fence = ? AND state = ?
+  AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
+		Complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ? WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+		IsDone:   `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
+		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
+WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?, expires_at_ms = {NOW} + ? + ?
+WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+		Lease: `SELECT lease_expiry_ms FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+		Purge: `DELETE FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?`,
+	}
+}
+
+// Statements is an engine's SQL with the table's name filled in.
+type Statements struct {
+	// Schema is the DDL, one statement each; Schema1 is all of it as one
+	// script, as sqllock's Backend.Schema returns it.
+	Schema  []string
+	Schema1 string
+	LockDDL string
+	// The statements of the verbs, as in [SQL].
+	Claim, Upsert, Insert, Read, Reclaim string
+	Complete, IsDone, Release, Extend    string
+	Lease, Purge                         string
+	Returning                            bool
+}
+
+// MaxIdent is the longest identifier every engine takes whole: PostgreSQL
+// truncates longer ones to 63 bytes, MySQL refuses more than 64.
+const MaxIdent = 63
+
+// IndexName names the index on expires_at_ms of table: table_expires_at
+// while that fits in MaxIdent, else the table's first 42 characters, "_exp_"
+// and 16 hex digits of the SHA-256 of the whole table name. The long form
+// never equals a table name it was derived from (that table would have to
+// end in its own hash), nor a short-form name (it ends in hex digits, not
+// "_expires_at"), and two long table names share one only if they share
+// their first 42 characters and 64 bits of hash.
+func IndexName(table string) string {
+	if name := table + "_expires_at"; len(name) <= MaxIdent {
+		return name
+	}
+	const sep = "_exp_"
+	sum := sha256.Sum256([]byte(table))
+	h := hex.EncodeToString(sum[:8])
+	return table[:min(len(table), MaxIdent-len(sep)-len(h))] + sep + h
+}
+
+// Render fills table (a plain identifier or schema.table, which the caller
+// has checked) into d's statements, quoted.
+func (d *SQL) Render(table string) Statements {
+	parts := strings.Split(table, ".")
+	quoted := make([]string, len(parts))
+	for i, p := range parts {
+		quoted[i] = d.Quote(p)
+	}
+	r := strings.NewReplacer(
+		"{T}", strings.Join(quoted, "."),
+		"{I}", d.Quote(IndexName(parts[len(parts)-1])),
+		"{SI}", strings.Join(append(quoted[:len(quoted)-1:len(quoted)-1], d.Quote(IndexName(parts[len(parts)-1]))), "."),
+		"{TN}", quoted[len(quoted)-1],
+		"{NOW}", d.Now,
+	)
+	s := Statements{
+		LockDDL: d.LockDDL,
+		Claim:   r.Replace(d.Claim), Upsert: r.Replace(d.Upsert), Insert: r.Replace(d.Insert),
+		Read: r.Replace(d.Read), Reclaim: r.Replace(d.Reclaim), Complete: r.Replace(d.Complete),
+		IsDone: r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
+		Lease: r.Replace(d.Lease), Purge: r.Replace(d.Purge), Returning: d.Returning,
+	}
+	for _, q := range d.Schema {
+		s.Schema = append(s.Schema, r.Replace(q))
+	}
+	s.Schema1 = strings.Join(s.Schema, ";\n") + ";"
+	return s
+}
