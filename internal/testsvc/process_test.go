@@ -10,9 +10,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 )
 
 func TestMain(m *testing.M) {
+	if IsRaceChild() {
+		os.Exit(RaceChild(fake.New()))
+	}
 	code := m.Run()
 	StopAll()
 	os.Exit(code)
