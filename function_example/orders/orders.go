@@ -83,7 +83,7 @@ func Backend(ctx context.Context) (store.Backend, error) {
 	case "postgres":
 		return postgresBackend(ctx, os.Getenv("POSTGRES_DSN"))
 	case "datastore":
-		return datastorelock.New(ctx, "")
+		return datastorelock.Dial(ctx, "")
 	}
 	if os.Getenv("K_SERVICE") != "" {
 		slog.Warn("no backend configured: using the in-memory store, which does not de-duplicate across instances")

@@ -3,17 +3,21 @@ package datastorelock_test
 import (
 	"context"
 	"log"
+	"os"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
-// The production set-up of a Pub/Sub-triggered Cloud Run function.
-func ExampleNew() {
-	backend, err := datastorelock.New(context.Background(), "my-project")
+// The production set-up of a Pub/Sub-triggered Cloud Run function: Dial
+// finds the project, the emulator or the credentials in the environment.
+func ExampleDial() {
+	backend, err := datastorelock.Dial(context.Background(), "my-project")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -23,4 +27,28 @@ func ExampleNew() {
 	)(handleOrder))
 }
 
-func handleOrder(ctx context.Context, e cloudevents.Event) error { return nil }
+// Backends on a connection the program already has (here one to the
+// emulator), two kinds of record sharing it. New does not dial, and a
+// Backend's Close leaves the connection open: it lives as long as the
+// program, whose code closes it after the Backends' last call.
+func ExampleNew() {
+	conn, err := grpc.NewClient(os.Getenv("DATASTORE_EMULATOR_HOST"),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	orders, err := datastorelock.New(conn, "my-project", datastorelock.WithKind("OrderKey"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	invoices, err := datastorelock.New(conn, "my-project", datastorelock.WithKind("InvoiceKey"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := idempotency.WithKey(idempotency.Attribute("id"))
+	functions.CloudEvent("HandleOrder", idempotency.Idempotent(orders, key)(handleOrder))
+	functions.CloudEvent("HandleInvoice", idempotency.Idempotent(invoices, key)(handleInvoice))
+}
+
+func handleOrder(ctx context.Context, e cloudevents.Event) error   { return nil }
+func handleInvoice(ctx context.Context, e cloudevents.Event) error { return nil }

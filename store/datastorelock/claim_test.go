@@ -4,21 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
-
-// twoOnOneClock returns two backends on one namespace and one fake clock
-// (the emulator's replies carry no server time, so both judge by it).
-func twoOnOneClock(t *testing.T) (a *datastorelock.Backend, ra *rpcs, b *datastorelock.Backend, clock *fake.Clock) {
-	clock = fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	ns := namespace()
-	a, ra = newBackend(t, datastorelock.WithNamespace(ns), datastorelock.WithClock(clock.Now))
-	b, _ = newBackend(t, datastorelock.WithNamespace(ns), datastorelock.WithClock(clock.Now))
-	return a, ra, b, clock
-}
 
 // A Claim whose write applied but whose reply was lost, and whose retries
 // outlast the short lease that write stored, finds the record in someone
@@ -139,72 +128,41 @@ func TestClaimWhoseRecordExpiredWhileRetryingFails(t *testing.T) {
 	}
 }
 
-// An Extend whose write landed but whose reply was lost recognises its
-// own write on the retry and does not extend a second time.
-func TestExtendWithALostReplyExtendsOnce(t *testing.T) {
+func TestLostCommitResponseIsReaffirmed(t *testing.T) {
 	testsvc.Datastore(t)
-	ctx := t.Context()
-	a, ra, b, clock := twoOnOneClock(t)
-	r, _ := a.Claim(ctx, "k", time.Minute)
-	ra.loseNextCommit.Store(true)
-	ra.whileLost = func() { clock.Advance(time.Second) }
-	start := clock.Now()
-	ext, err := a.Extend(ctx, r.Claim, time.Hour)
-	if err != nil || !ext.LeaseExpiry.Equal(start.Add(time.Hour)) {
-		t.Fatalf("extend: %v until %v, want until %v (the write that landed, not a second one)", err, ext.LeaseExpiry, start.Add(time.Hour))
-	}
-	if h, _ := b.Claim(ctx, "k", time.Minute); h.Outcome != store.HeldByOther || !h.Until.Equal(ext.LeaseExpiry) {
-		t.Fatalf("claim: %v until %v, want held until %v", h.Outcome, h.Until, ext.LeaseExpiry)
-	}
-}
-
-// A Complete whose write applied but whose reply was lost, and whose
-// retries outlast the ttl, finds the record reclaimed by another: it
-// cannot tell whether it completed, so it returns an error, not false.
-func TestCompleteRetriedPastItsTTLCannotTellAndFails(t *testing.T) {
-	testsvc.Datastore(t)
-	ctx := t.Context()
-	a, ra, b, clock := twoOnOneClock(t)
-	r, _ := a.Claim(ctx, "k", time.Minute)
-	ra.loseNextCommit.Store(true)
-	ra.whileLost = func() {
-		clock.Advance(a.TTL() + time.Second)
-		if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
-			t.Errorf("the other instance's claim: %v %v", r.Outcome, err)
-		}
-	}
-	ok, err := a.Complete(ctx, r.Claim)
-	if err == nil {
-		t.Fatalf("complete whose lost write applied, then expired and was reclaimed: %v; want an error (it cannot tell)", ok)
-	}
-	t.Logf("complete: %v", err)
-}
-
-// A Complete whose versioned update misses because the record is gone
-// (deleted after its expires-at) reports false, not true.
-func TestCompleteOfAPurgedRecordIsFalse(t *testing.T) {
-	testsvc.Datastore(t)
-	ctx := t.Context()
-	clock := fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC))
-	b, _ := newBackend(t, datastorelock.WithClock(clock.Now))
-	r, _ := b.Claim(ctx, "k", time.Minute)
-	clock.Advance(time.Minute + b.TTL() + time.Second)
-	if n, err := b.PurgeExpired(ctx, 0); n != 1 || err != nil {
-		t.Fatalf("purge: %d %v", n, err)
-	}
-	if ok, err := b.Complete(ctx, r.Claim); ok || err != nil {
-		t.Fatalf("complete of a purged record: %v %v, want false", ok, err)
-	}
-	// A fresh record starts at fence 1 again; the old claim, also fence 1,
-	// is told apart by its token and cannot complete it.
-	fresh, _ := b.Claim(ctx, "k", time.Minute)
-	if fresh.Claim.Fence != 1 {
-		t.Fatalf("fresh record: fence %d", fresh.Claim.Fence)
-	}
-	if ok, err := b.Complete(ctx, r.Claim); ok || err != nil {
-		t.Fatalf("complete of the old claim over a fresh record with the same fence: %v %v, want false", ok, err)
-	}
-	if r, _ := b.Claim(ctx, "k", time.Minute); r.Outcome != store.HeldByOther {
-		t.Fatalf("fresh record after the old claim's complete: %v, want held by other", r.Outcome)
+	for _, path := range []string{"create", "reclaim"} {
+		t.Run(path, func(t *testing.T) {
+			clock := newClock()
+			b, r := newBackend(t, datastorelock.WithClock(clock.Now))
+			ctx := t.Context()
+			want := int64(1)
+			if path == "reclaim" {
+				b.Claim(ctx, "k", time.Minute) // a holder that crashed
+				clock.Advance(2 * time.Minute)
+				want = 2
+			}
+			r.loseNextCommit.Store(true)
+			res, err := b.Claim(ctx, "k", time.Minute)
+			if r.lost.Load() != 1 {
+				t.Fatalf("%d responses lost, want 1", r.lost.Load())
+			}
+			if err != nil || res.Outcome != store.Won || res.Claim.Fence != want {
+				t.Fatalf("claim after a lost commit response: %v fence %d %v; want won with fence %d (not locked out, not bumped twice)",
+					res.Outcome, res.Claim.Fence, err, want)
+			}
+			if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
+				t.Fatalf("another claim: %v, want held by other", other.Outcome)
+			}
+			r.loseNextCommit.Store(true)
+			if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
+				t.Fatalf("complete after a lost commit response: %v %v", ok, err)
+			}
+			if r.lost.Load() != 2 {
+				t.Fatalf("the complete's response was not lost")
+			}
+			if again, _ := b.Claim(ctx, "k", time.Minute); again.Outcome != store.AlreadyDone {
+				t.Fatalf("after complete: %v", again.Outcome)
+			}
+		})
 	}
 }

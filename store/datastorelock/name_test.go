@@ -4,8 +4,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
@@ -84,6 +86,45 @@ func TestOddKeysMapToValidNames(t *testing.T) {
 	for _, name := range []string{"~", "~!", "~probe!", "~YQ", "~X19yZXNlcnZlZF9f=", "~" + "fn4", "\xff"} {
 		if key, ok := datastorelock.KeyOf(name); ok && datastorelock.Name(key) != name {
 			t.Errorf("KeyOf(%q) = %q, whose name is %q", name, key, datastorelock.Name(key))
+		}
+	}
+}
+
+func TestNamesAreOneToOneAndFitDatastore(t *testing.T) {
+	cases := map[string]string{
+		"orders:PO-1":          "orders:PO-1",
+		"ключ/鍵 x":             "ключ/鍵 x",
+		"~tilde":               "~fnRpbGRl",
+		"__reserved__":         "~X19yZXNlcnZlZF9f",
+		"__prefix_only":        "__prefix_only",
+		"\xff\xfe":             "~__4",
+		"~X19yZXNlcnZlZF9f":    "~flgxOXlaWE5sY25abFpGOWY",
+		strings.Repeat("é", 3): strings.Repeat("é", 3),
+	}
+	seen := map[string]string{}
+	for k, want := range cases {
+		got := datastorelock.Name(k)
+		if got != want {
+			t.Errorf("Name(%q) = %q, want %q", k, got, want)
+		}
+		if prev, ok := seen[got]; ok {
+			t.Errorf("Name(%q) = Name(%q) = %q", k, prev, got)
+		}
+		seen[got] = k
+	}
+	if n := len(datastorelock.Name(strings.Repeat("\xff", store.MaxKeyLen))); n > 1500 {
+		t.Fatalf("a %d-byte key maps to a %d-byte name, over Datastore's 1500", store.MaxKeyLen, n)
+	}
+}
+
+func TestLongAndOddKeysAreStored(t *testing.T) {
+	testsvc.Datastore(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	for _, k := range []string{strings.Repeat("\xfe", store.MaxKeyLen), "__reserved__", "~X19yZXNlcnZlZF9f", strings.Repeat("鍵", store.MaxKeyLen/3)} {
+		r, err := b.Claim(ctx, k, time.Minute)
+		if err != nil || r.Outcome != store.Won || r.Claim.Fence != 1 {
+			t.Fatalf("%.12q...: %v fence %d %v", k, r.Outcome, r.Claim.Fence, err)
 		}
 	}
 }
