@@ -5,11 +5,13 @@
 -- ARGV[2]  ttl in milliseconds (integer > 0)
 -- ARGV[3]  the caller's claim token
 --
--- Returns 1 if the record is done with that fence afterwards (completing a
--- done record again changes nothing), 0 if the fence is stale or the record
--- is gone. There is no lease test: the fence decides ownership. The token
--- only tells apart a record created afresh after this claim's record was
--- reaped, whose fence restarted at 1 and may equal the caller's.
+-- Returns 1 if the record is done with that fence and token afterwards
+-- (completing a done record again changes nothing, so a resend after a lost
+-- reply, with the same ARGV, finds its own completion), 0 if the fence is
+-- stale, the token is another claim's, or the record is gone. There is no
+-- lease test: the fence decides ownership. The token only tells apart a
+-- record created afresh after this claim's record was reaped, whose fence
+-- restarted at 1 and may equal the caller's.
 --
 -- A done record expires at completion time + ttl, by the server's clock.
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 't')

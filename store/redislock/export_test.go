@@ -1,14 +1,10 @@
 package redislock
 
-import "time"
+// OnResend has b call f before each resend (attempt 1, 2, ...), after the
+// backoff: a test acts there on the server between a lost reply and the
+// resend, in step with the backend rather than racing its wait.
+func OnResend(b *Backend, f func(attempt int)) { b.resending = f }
 
-// SetRetryBackoff sets how long b waits before its first resend, so a test
-// can act on the server between a lost reply and the retry.
-func SetRetryBackoff(b *Backend, d time.Duration) { b.backoff = d }
-
-// The scripts' sources, for tests that run them inside a MULTI beside a
-// script that sets the instant they judge.
-var (
-	ClaimLua    = claimLua
-	CompleteLua = completeLua
-)
+// ClaimLua is claim.lua's source, for tests that run it inside a MULTI
+// beside a script that sets the instant it judges.
+var ClaimLua = claimLua

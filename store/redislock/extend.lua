@@ -7,9 +7,10 @@
 -- ARGV[4]  the caller's claim token (see complete.lua)
 --
 -- Returns the new lease expiry in milliseconds, or 0 if the record is not
--- claimed with that fence and token. The fence does not change. Like
--- Complete it has no lease test: a holder whose lease lapsed but whom
--- nobody replaced may renew.
+-- claimed with that fence and token. A second run would move the lease
+-- again, so the backend never resends it after an attempt that may have
+-- run. The fence does not change. Like Complete it has no lease test: a
+-- holder whose lease lapsed but whom nobody replaced may renew.
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 't')
 if r[1] ~= 'c' or tonumber(r[2]) ~= tonumber(ARGV[1]) or r[3] ~= ARGV[4] then
   return 0

@@ -54,11 +54,14 @@ func atInstant(t *testing.T, c *redis.Client, key, field string, offset int64, e
 	return reply, s == a
 }
 
-// A lease ends exactly at its expiry: a claim judged at the lease expiry's
-// millisecond wins (now >= lease expiry), one judged a millisecond before
-// is held. Each boundary is checked on the server's own clock, in the
-// tries where the whole MULTI ran within one millisecond.
-func TestALeaseEndsExactlyAtItsExpiry(t *testing.T) {
+// claimAtTheBoundary claims a record, then claims it again and again with
+// field (an instant) set to the server's now or to a millisecond after it,
+// and the extra fields set as given, and checks the boundary on the
+// server's own clock, in the tries where the whole MULTI ran within one
+// millisecond: a claim judged at the instant wins (fence + 1), one judged a
+// millisecond before gets blocked (HeldByOther's 3 or AlreadyDone's 2).
+func claimAtTheBoundary(t *testing.T, field string, blocked int64, extra ...string) {
+	t.Helper()
 	c := client(t, testsvc.Redis(t))
 	b := newBackend(t, c)
 	k := "k"
@@ -70,20 +73,20 @@ func TestALeaseEndsExactlyAtItsExpiry(t *testing.T) {
 	fence := first.Claim.Fence
 	hits := map[int64]int{}
 	for try := 0; try < 500 && (hits[0] < 5 || hits[1] < 5); try++ {
-		offset := int64(try % 2) // lease expiry at now, or a millisecond after now
-		reply, exact := atInstant(t, c, raw, "l", offset)
+		offset := int64(try % 2) // the instant at now, or a millisecond after now
+		reply, exact := atInstant(t, c, raw, field, offset, extra...)
 		switch {
 		case reply[0] == 1:
 			if offset == 1 && exact {
-				t.Fatalf("a claim judged a millisecond before the lease expiry won it (fence %d)", reply[1])
+				t.Fatalf("a claim judged a millisecond before %s won (fence %d)", field, reply[1])
 			}
 			if reply[1] != fence+1 {
 				t.Fatalf("reclaim took fence %d, want %d", reply[1], fence+1)
 			}
 			fence = reply[1]
-		case reply[0] == 3:
+		case reply[0] == blocked:
 			if offset == 0 {
-				t.Fatalf("a claim judged at (or after) the lease expiry was held (until %d)", reply[2])
+				t.Fatalf("a claim judged at (or after) %s got %d (until %d), want a win", field, reply[0], reply[2])
 			}
 		default:
 			t.Fatalf("claim reply %v", reply)
@@ -95,50 +98,21 @@ func TestALeaseEndsExactlyAtItsExpiry(t *testing.T) {
 	if hits[0] == 0 || hits[1] == 0 {
 		t.Fatalf("the boundary was hit %v times (offset 0 and 1 ms): the server was too slow to test it", hits)
 	}
-	t.Logf("exact hits: at the expiry %d, a millisecond before %d", hits[0], hits[1])
+	t.Logf("exact hits: at %s %d, a millisecond before %d", field, hits[0], hits[1])
 }
 
-// A done key's ttl ends exactly at its expires-at instant: a claim judged
-// then wins it back (fence + 1), one judged a millisecond before is
-// already done.
+// A lease ends exactly at its expiry (field l): a claim judged at the
+// lease expiry's millisecond wins (now >= lease expiry), one judged a
+// millisecond before is held.
+func TestALeaseEndsExactlyAtItsExpiry(t *testing.T) {
+	claimAtTheBoundary(t, "l", 3)
+}
+
+// A done key's ttl ends exactly at its expires-at instant (field e): a
+// claim judged then wins it back (fence + 1), one judged a millisecond
+// before is already done.
 func TestATTLEndsExactlyAtExpiresAt(t *testing.T) {
-	c := client(t, testsvc.Redis(t))
-	b := newBackend(t, c)
-	k := "k"
-	raw := prefixOf(b) + k
-	first, err := b.Claim(t.Context(), k, time.Hour)
-	if err != nil || first.Outcome != store.Won {
-		t.Fatal(first.Outcome, err)
-	}
-	fence := first.Claim.Fence
-	hits := map[int64]int{}
-	for try := 0; try < 500 && (hits[0] < 5 || hits[1] < 5); try++ {
-		offset := int64(try % 2)
-		reply, exact := atInstant(t, c, raw, "e", offset, "s", "d")
-		switch {
-		case reply[0] == 1:
-			if offset == 1 && exact {
-				t.Fatalf("a claim judged a millisecond before the ttl ended won the done key (fence %d)", reply[1])
-			}
-			if reply[1] != fence+1 {
-				t.Fatalf("reclaim took fence %d, want %d", reply[1], fence+1)
-			}
-			fence = reply[1]
-		case reply[0] == 2:
-			if offset == 0 {
-				t.Fatalf("a claim judged at (or after) expires-at found the key already done (until %d)", reply[2])
-			}
-		default:
-			t.Fatalf("claim reply %v", reply)
-		}
-		if exact {
-			hits[offset]++
-		}
-	}
-	if hits[0] == 0 || hits[1] == 0 {
-		t.Fatalf("the boundary was hit %v times (offset 0 and 1 ms): the server was too slow to test it", hits)
-	}
-	t.Logf("exact hits: at expires-at %d, a millisecond before %d", hits[0], hits[1])
+	claimAtTheBoundary(t, "e", 2, "s", "d")
 }
 
 // record reads the stored fields and the key's expiry (PEXPIRETIME) in ms.
@@ -251,4 +225,77 @@ func TestExpiresAtIsWhatThePortSaysAndRedisDeletesNoSooner(t *testing.T) {
 		t.Fatalf("claim of the done key: %v until %v, want already done until %d", got.Outcome, got.Until, e)
 	}
 	check("done, claimed again", "d", func(int64) (int64, int64) { return e, e })
+}
+
+// Every instant the backend reports is on the server's clock, and expiry
+// is judged against what the record stores, by the server: a client's own
+// clock never enters the decision.
+func TestExpiryIsJudgedByTheServerClock(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	ctx := t.Context()
+
+	before := serverNow(t, c)
+	r, err := b.Claim(ctx, "k", 30*time.Second)
+	after := serverNow(t, c)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", r.Outcome, err)
+	}
+	lo, hi := before.Add(30*time.Second).Truncate(time.Millisecond), after.Add(30*time.Second)
+	if r.Claim.LeaseExpiry.Before(lo) || r.Claim.LeaseExpiry.After(hi) {
+		t.Fatalf("lease expiry %v outside the server's [%v, %v] + lease", r.Claim.LeaseExpiry, lo, hi)
+	}
+
+	// Move the stored lease expiry to one millisecond before the server's
+	// now: the very next claim reclaims, whatever the client believes.
+	rawKey := prefixOf(b) + "k"
+	if err := c.HSet(ctx, rawKey, "l", serverNow(t, c).UnixMilli()-1).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.Claim(ctx, "k", 30*time.Second)
+	if err != nil || r2.Outcome != store.Won || r2.Claim.Fence != 2 {
+		t.Fatalf("claim after the server-judged lapse: %v fence %d %v", r2.Outcome, r2.Claim.Fence, err)
+	}
+	// And a lease ten seconds ahead on the server's clock is live.
+	if err := c.HSet(ctx, rawKey, "l", serverNow(t, c).UnixMilli()+10_000).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if r3, err := b.Claim(ctx, "k", time.Second); err != nil || r3.Outcome != store.HeldByOther {
+		t.Fatalf("claim within the server-judged lease: %v %v", r3.Outcome, err)
+	}
+}
+
+// The record lives exactly as long as the contract needs: a claimed one
+// until lease + ttl, a done one until completion + ttl.
+func TestRedisReapsRecordsAtExpiresAt(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c, redislock.WithTTL(time.Hour))
+	ctx := t.Context()
+	raw := prefixOf(b) + "k"
+	pttl := func() time.Duration {
+		d, err := c.PTTL(ctx, raw).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	near := func(got, want time.Duration) bool { return got <= want && got > want-5*time.Second }
+
+	r, _ := b.Claim(ctx, "k", 15*time.Minute)
+	if got := pttl(); !near(got, 75*time.Minute) {
+		t.Fatalf("claimed record PTTL %v, want lease + ttl = 75m", got)
+	}
+	b.Release(ctx, r.Claim)
+	if got := pttl(); !near(got, time.Hour) {
+		t.Fatalf("released record PTTL %v, want ttl = 1h", got)
+	}
+	r, _ = b.Claim(ctx, "k", 15*time.Minute)
+	b.Complete(ctx, r.Claim)
+	if got := pttl(); !near(got, time.Hour) {
+		t.Fatalf("done record PTTL %v, want ttl = 1h", got)
+	}
+	f, _ := c.HGet(ctx, raw, "f").Int64()
+	if f != 3 {
+		t.Fatalf("stored fence %d, want 3 (claim, release, reclaim)", f)
+	}
 }

@@ -1,4 +1,4 @@
-// Package redislock is a store.Backend on Redis (or Memorystore), through
+// Package redislock is a [store.Backend] on Redis (or Memorystore), through
 // go-redis v9.
 //
 // Each operation is one Lua script on one key, run with EVALSHA (falling
@@ -27,10 +27,10 @@
 // Redis may delete a record early on its own when memory is short: a
 // server with a maxmemory limit must use maxmemory-policy noeviction (every
 // record has an expiry, so the volatile-* policies evict records too).
-// CheckEviction tells; call it at start-up.
+// [Backend.CheckEviction] tells; call it at start-up.
 //
 // After a network error that may have come after the server ran a script
-// (a lost reply), the backend resends it itself (see WithClaimRetries) and
+// (a lost reply), the backend resends it itself (see [WithRetries]) and
 // reads the resend's reply for what it can prove; go-redis's own resends
 // are turned off for these scripts.
 package redislock
@@ -40,13 +40,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -89,16 +88,35 @@ func WithPrefix(prefix string) Option {
 }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default store.DefaultTTL.
+// a claimed record outlives its lease. Default [store.DefaultTTL].
 func WithTTL(ttl time.Duration) Option {
 	return func(b *Backend) { b.ttl = ttl }
 }
 
-// WithClaimRetries sets how many more times each operation (Claim,
-// Complete, Release) sends its script, with the same arguments, after a
-// network error left the outcome unknown. Default 2. Extend is resent only
-// after an attempt that surely did not run (a failed dial, a server that
-// refused it): a resend would move the lease a second time.
+// WithRetries sets how many times each of Claim, Complete, Release and
+// Extend may resend its script after the first attempt failed: n = 0 sends
+// once. Default 2; New refuses a negative n. It does not cover
+// CheckEviction, whose INFO the client sends and resends as its own
+// options say.
+//
+// An attempt is resent only when it failed with a network error (a refused
+// dial, a broken connection, a reply that did not arrive in time, no pooled
+// connection) or with a server reply that turned the command away before it
+// ran (LOADING, TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY). Any other
+// reply is the outcome and is never resent, and nothing is resent once ctx
+// has ended: the operation then returns an error that wraps ctx.Err()
+// (and the failed attempt's error when ctx ended while the backend waited
+// to resend). Between attempts the backend waits a jittered
+// backoff (10 to 20ms before the first resend, doubling up to 1s) that
+// ends early with ctx. A script the server does not have yet (NOSCRIPT,
+// then EVAL) is part of one attempt, not a resend.
+//
+// A network error other than a failed dial, a failed write or a pool
+// timeout may have come after the server ran the script (a lost reply). Claim, Complete and Release are then still resent, with the same
+// arguments (Claim's marked as a resend), and each reads the resend's reply
+// for what it can prove. Extend is not: a resend would move the lease a
+// second time, so it returns the error and the caller (a heartbeat) tries
+// again at its next beat.
 //
 // The backend resends, not go-redis: it tells go-redis not to resend its
 // scripts (the command's NoRetry), whatever the client's MaxRetries, because
@@ -109,20 +127,27 @@ func WithTTL(ttl time.Duration) Option {
 // lost attempt won the key before the key moved on, so it changes nothing
 // and returns an error: neither a guess at not won nor a second win. A
 // resent Complete that finds the record no longer its own returns an error
-// for the same reason. Clients that do not implement Process (none of
+// for the same reason. A resent Release that finds nothing to release
+// returns nil: the lost attempt released the claim, or the claim was no
+// longer current. Clients that do not implement Process (none of
 // go-redis's) run the scripts through redis.Script.Run, and go-redis may
 // resend them unseen.
-func WithClaimRetries(n int) Option {
-	return func(b *Backend) { b.retries = n }
+func WithRetries(n int) Option {
+	return func(b *Backend) { b.policy.Retries = n }
 }
 
-// Backend is a store.Backend on Redis. It is safe for concurrent use.
+// Backend is a [store.Backend] and [store.Extender] on Redis. It is safe for
+// concurrent use.
 type Backend struct {
-	client  redis.Scripter
-	prefix  string
-	ttl     time.Duration
-	retries int
-	backoff time.Duration // the first retry's wait; the n-th waits n times as long
+	client redis.Scripter
+	prefix string
+	ttl    time.Duration
+	policy retry.Policy // the resends of each operation (WithRetries)
+
+	// resending, when set (only by tests: export_test.go), is called
+	// before each resend, after the wait: a test acts there on the
+	// server between a lost reply and the resend.
+	resending func(attempt int)
 }
 
 var (
@@ -132,10 +157,15 @@ var (
 
 // New returns a Backend over client: a *redis.Client, *redis.ClusterClient,
 // a failover client or any redis.UniversalClient. It does no I/O. It fails
-// on a nil client, a non-positive ttl, or a prefix longer than
-// store.MaxKeyLen.
+// on a nil client, a non-positive ttl, a prefix longer than
+// [store.MaxKeyLen], or negative retries.
 func New(client redis.Scripter, opts ...Option) (*Backend, error) {
-	b := &Backend{client: client, prefix: DefaultPrefix, ttl: store.DefaultTTL, retries: 2, backoff: 20 * time.Millisecond}
+	b := &Backend{
+		client: client,
+		prefix: DefaultPrefix,
+		ttl:    store.DefaultTTL,
+		policy: retry.Policy{Retries: defaultRetries, Base: retryBase, Max: retryMax},
+	}
 	for _, o := range opts {
 		o(b)
 	}
@@ -148,8 +178,8 @@ func New(client redis.Scripter, opts ...Option) (*Backend, error) {
 	if len(b.prefix) > store.MaxKeyLen {
 		return nil, fmt.Errorf("redislock: prefix of %d bytes is longer than %d", len(b.prefix), store.MaxKeyLen)
 	}
-	if b.retries < 0 {
-		return nil, fmt.Errorf("redislock: claim retries %d is negative", b.retries)
+	if b.policy.Retries < 0 {
+		return nil, fmt.Errorf("redislock: retries %d is negative", b.policy.Retries)
 	}
 	return b, nil
 }
@@ -159,132 +189,6 @@ func (b *Backend) TTL() time.Duration { return b.ttl }
 
 func millis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
-}
-
-// retryable reports whether err left a script's outcome unknown in a way a
-// resend may clear: a broken connection, or a server reply that refused the
-// command before it ran; not any other reply, nor the caller's context
-// ending.
-func retryable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return refused(rerr)
-	}
-	return true
-}
-
-// refused reports whether a server's error reply says the command was
-// turned away before it ran.
-func refused(err redis.Error) bool {
-	msg := err.Error()
-	for _, p := range []string{"LOADING", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"} {
-		if strings.HasPrefix(msg, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// mayHaveRun reports whether a failed attempt may have run its script:
-// anything but a reply from the server (our scripts raise no error after a
-// write), a failure to connect, or a failure to send.
-func mayHaveRun(err error) bool {
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return false
-	}
-	// A failed dial sent nothing; a failed write sent part of the command
-	// at most, which the server never runs.
-	var op *net.OpError
-	if errors.As(err, &op) && (op.Op == "dial" || op.Op == "write") {
-		return false
-	}
-	return !errors.Is(err, redis.ErrPoolTimeout)
-}
-
-// processor is the method of every go-redis client (Client, ClusterClient,
-// Ring, failover clients) that runs a command built by hand.
-type processor interface {
-	Process(ctx context.Context, cmd redis.Cmder) error
-}
-
-// onceCmd is a script command that go-redis must not resend on its own
-// after a network error: whether to resend, and what the reply to a resend
-// proves, is the backend's to decide.
-type onceCmd struct{ *redis.Cmd }
-
-// NoRetry tells go-redis not to resend the command.
-func (onceCmd) NoRetry() bool { return true }
-
-// eval sends s once on key: EVALSHA, then EVAL when the server does not
-// have the script.
-func (b *Backend) eval(ctx context.Context, s script, key string, args []any) *redis.Cmd {
-	p, ok := b.client.(processor)
-	if !ok {
-		return s.Run(ctx, b.client, []string{key}, args...)
-	}
-	cmd := send(ctx, p, "evalsha", s.Hash(), key, args)
-	if err := cmd.Err(); errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd = send(ctx, p, "eval", s.src, key, args)
-	}
-	return cmd
-}
-
-func send(ctx context.Context, p processor, name, payload, key string, args []any) *redis.Cmd {
-	cmd := redis.NewCmd(ctx, append([]any{name, payload, 1, key}, args...)...)
-	cmd.SetFirstKeyPos(3)
-	_ = p.Process(ctx, onceCmd{cmd})
-	return cmd
-}
-
-// Whether run may resend a script after an attempt that may have run it.
-const (
-	// resendable: a second run changes nothing the first one did (Claim
-	// finds its own token, Complete a done record, Release a raised
-	// fence), so one call takes effect once however often it is sent.
-	resendable = true
-	// sendOnce: a second run would take effect again (Extend would move
-	// the lease a second time, from a later now), so run resends only
-	// after attempts that surely did not run.
-	sendOnce = false
-)
-
-// run sends s on key until an attempt gets the script's reply, at most
-// 1 + b.retries times. lost is the error of the first attempt that may have
-// run the script without its reply reaching us: when it is set, the reply
-// of a later attempt comes from a resend, which may find the effect of the
-// lost one. err is the last attempt's error when none got a reply.
-//
-// When lost is set, run appends resent to the arguments of every later
-// attempt, so that the script can tell a resend from a first send.
-func (b *Backend) run(ctx context.Context, s script, resend bool, resent []any, key string, args ...any) (reply *redis.Cmd, lost, err error) {
-	for attempt := 0; ; attempt++ {
-		a := args
-		if lost != nil {
-			a = append(args[:len(args):len(args)], resent...)
-		}
-		cmd := b.eval(ctx, s, b.prefix+key, a)
-		err = cmd.Err()
-		if err == nil {
-			return cmd, lost, nil
-		}
-		if lost == nil && mayHaveRun(err) {
-			lost = err
-		}
-		if attempt >= b.retries || !retryable(ctx, err) || (lost != nil && !resend) {
-			if lost != nil && lost != err {
-				err = fmt.Errorf("%w (after %w)", err, lost)
-			}
-			return nil, lost, err
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Duration(attempt+1) * b.backoff):
-		}
-	}
 }
 
 // Claim implements store.Backend.
@@ -383,58 +287,6 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	}
 	c.LeaseExpiry = time.UnixMilli(ms)
 	return c, nil
-}
-
-// infoer is the method of every go-redis client that runs INFO.
-type infoer interface {
-	Info(ctx context.Context, section ...string) *redis.StringCmd
-}
-
-// CheckEviction returns an error unless every server behind the client
-// keeps records until their expires-at instant: a server with a memory
-// limit (maxmemory) evicts keys under memory pressure with every
-// maxmemory-policy but noeviction, and each record has an expiry, so the
-// volatile-* policies evict records too (Memorystore's default is
-// volatile-lru). An evicted Done record lets its key run again within the
-// ttl; an evicted Claimed record lets a second holder in beside a live
-// one. Call it once at start-up. A server with no memory limit, or with
-// noeviction (whose writes then fail when memory is full, and Claim
-// returns an error), passes.
-func (b *Backend) CheckEviction(ctx context.Context) error {
-	if cc, ok := b.client.(*redis.ClusterClient); ok {
-		return cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-			return checkEviction(ctx, c)
-		})
-	}
-	i, ok := b.client.(infoer)
-	if !ok {
-		return fmt.Errorf("redislock: check eviction: the client %T cannot run INFO", b.client)
-	}
-	return checkEviction(ctx, i)
-}
-
-func checkEviction(ctx context.Context, c infoer) error {
-	info, err := c.Info(ctx, "memory").Result()
-	if err != nil {
-		return fmt.Errorf("redislock: check eviction: INFO memory: %w", err)
-	}
-	var maxmemory, policy string
-	for _, line := range strings.Split(info, "\n") {
-		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
-		switch k {
-		case "maxmemory":
-			maxmemory = v
-		case "maxmemory_policy":
-			policy = v
-		}
-	}
-	if maxmemory == "" || policy == "" {
-		return errors.New("redislock: check eviction: INFO memory reports no maxmemory or maxmemory_policy")
-	}
-	if maxmemory != "0" && policy != "noeviction" {
-		return fmt.Errorf("redislock: the server has maxmemory %s bytes and maxmemory-policy %s: it may evict a record before its expires-at (set maxmemory-policy noeviction)", maxmemory, policy)
-	}
-	return nil
 }
 
 // String describes the backend, for logs.

@@ -6,9 +6,11 @@
 -- ARGV[3]  the caller's claim token (see complete.lua)
 --
 -- Returns 1 if the claim was released, 0 if there was nothing to release
--- (stale fence, done record, no record, a record created afresh). The
--- record is never deleted: a fresh record would restart the fence at 1. It
--- expires at the release time + ttl, as a lease that lapsed then would.
+-- (stale fence, done record, no record, a record created afresh). A resend
+-- after a lost reply, with the same ARGV, finds the fence it raised and
+-- returns 0. The record is never deleted: a fresh record would restart the
+-- fence at 1. It expires at the release time + ttl, as a lease that lapsed
+-- then would.
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 't')
 if r[1] ~= 'c' or tonumber(r[2]) ~= tonumber(ARGV[1]) or r[3] ~= ARGV[3] then
   return 0

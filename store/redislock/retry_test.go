@@ -16,23 +16,20 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store/redislock"
 )
 
-// The gap between a lost reply and the resend, long enough for another
-// caller to act in it on a loaded machine.
-const resendGap = 800 * time.Millisecond
-
 // lossRig is a backend whose replies a DropProxy can lose, beside a second
 // backend on the same records that talks to the server directly (another
 // instance that acts while the first one waits to resend).
 type lossRig struct {
+	by    resender
 	proxy *testsvc.DropProxy
 	b     *redislock.Backend // through the proxy
 	other *redislock.Backend // same prefix, direct
 	raw   *redis.Client      // direct
 }
 
-// resender says who resends a command whose reply was lost: the backend
+// resender says who may resend a command whose reply was lost: the backend
 // (its own retry, go-redis told not to) or go-redis (its MaxRetries, the
-// backend told not to).
+// backend's retries off), which the backend forbids for its scripts.
 type resender string
 
 const (
@@ -49,12 +46,10 @@ func newLossRig(t *testing.T, by resender, ttl time.Duration) *lossRig {
 		o.MaxRetries = -1
 		if by == byDriver {
 			o.MaxRetries = 1
-			o.MinRetryBackoff, o.MaxRetryBackoff = resendGap, resendGap
 			ours = 0
 		}
 	})
-	b := newBackend(t, c, redislock.WithTTL(ttl), redislock.WithClaimRetries(ours))
-	redislock.SetRetryBackoff(b, resendGap)
+	b := newBackend(t, c, redislock.WithTTL(ttl), redislock.WithRetries(ours))
 	raw := client(t, addr)
 	other, err := redislock.New(raw, redislock.WithPrefix(prefixOf(b)), redislock.WithTTL(ttl))
 	if err != nil {
@@ -76,30 +71,44 @@ func newLossRig(t *testing.T, by resender, ttl time.Duration) *lossRig {
 	if _, err := b.Complete(ctx, w.Claim); err != nil {
 		t.Fatal(err)
 	}
-	return &lossRig{proxy: proxy, b: b, other: other, raw: raw}
+	return &lossRig{by: by, proxy: proxy, b: b, other: other, raw: raw}
 }
 
-// loseNextReply arms the proxy and runs meanwhile, once the reply is lost,
-// before the resend. The returned func waits for meanwhile to finish.
-func (r *lossRig) loseNextReply(t *testing.T, meanwhile func()) (wait func()) {
+// loseNextReply arms the proxy to lose the next reply of the call under
+// test and runs meanwhile once: in the gap between the lost reply and the
+// backend's resend (called by the backend, after its backoff), or, when
+// the call makes no resend, once the call has returned. The returned func
+// must be called after the call; it reports whether the call resent.
+func (r *lossRig) loseNextReply(t *testing.T, meanwhile func()) (wait func() (resent bool)) {
 	t.Helper()
-	r.proxy.Armed.Store(true)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		deadline := time.Now().Add(10 * time.Second)
-		for r.proxy.Dropped.Load() == 0 {
-			if time.Now().After(deadline) {
-				t.Error("the proxy never dropped a reply")
-				return
-			}
-			time.Sleep(time.Millisecond)
+	done, resent := false, false
+	run := func() {
+		if done {
+			return
+		}
+		done = true
+		if r.proxy.Dropped.Load() == 0 {
+			t.Error("the proxy dropped no reply")
 		}
 		if meanwhile != nil {
 			meanwhile()
 		}
-	}()
-	return func() { <-done }
+	}
+	redislock.OnResend(r.b, func(int) { resent = resent || !done; run() })
+	r.proxy.Armed.Store(true)
+	return func() bool {
+		redislock.OnResend(r.b, nil)
+		run()
+		return resent
+	}
+}
+
+// wantResent fails t unless the call resent exactly when want says.
+func wantResent(t *testing.T, resent, want bool) {
+	t.Helper()
+	if resent != want {
+		t.Fatalf("the call resent after its lost reply: %v, want %v", resent, want)
+	}
 }
 
 // isDriverError reports whether err wraps the network failure the lost
@@ -144,7 +153,7 @@ func TestClaimResentAfterTheKeyMovedOnIsAnErrorNotAnOutcome(t *testing.T) {
 					tc.moveOn(t, r)
 				})
 				res, err := r.b.Claim(t.Context(), "k", lease)
-				wait()
+				wantResent(t, wait(), by == byBackend)
 				if err == nil {
 					t.Fatalf("resent claim answered %v (fence %d); want an error: its own lost attempt won the key", res.Outcome, res.Claim.Fence)
 				}
@@ -172,12 +181,15 @@ func TestClaimResentAfterItsOwnLeaseLapsedIsTheLostAttemptsWin(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	r := newLossRig(t, byBackend, time.Hour)
 	var seen store.Result
+	var resentAt time.Time
 	wait := r.loseNextReply(t, func() {
 		seen, _ = r.other.Claim(t.Context(), "k", time.Minute)
+		time.Sleep(lease + 50*time.Millisecond) // our lost win lapses
+		resentAt = serverNow(t, r.raw)
 	})
 	before := serverNow(t, r.raw)
 	res, err := r.b.Claim(t.Context(), "k", lease)
-	wait()
+	wantResent(t, wait(), true)
 	if err != nil || res.Outcome != store.Won || res.Claim.Fence != 1 {
 		t.Fatalf("resent claim: %v fence %d %v; want won, fence 1", res.Outcome, res.Claim.Fence, err)
 	}
@@ -185,8 +197,12 @@ func TestClaimResentAfterItsOwnLeaseLapsedIsTheLostAttemptsWin(t *testing.T) {
 		t.Fatalf("another caller between the attempts saw %v until %v; the resent claim reports lease expiry %v (want the same instant)",
 			seen.Outcome, seen.Until, res.Claim.LeaseExpiry)
 	}
-	if d := res.Claim.LeaseExpiry.Sub(before); d < lease-time.Millisecond || d > lease+resendGap/2 {
-		t.Fatalf("lease expiry %v is %v after the call began; want the first attempt's lease", res.Claim.LeaseExpiry, d)
+	// The lost attempt's lease: set after the call began, lapsed before
+	// the resend (a lease renewed by the resend would end after
+	// resentAt + lease).
+	if d := res.Claim.LeaseExpiry.Sub(before); d < lease-time.Millisecond || !res.Claim.LeaseExpiry.Before(resentAt) {
+		t.Fatalf("lease expiry %v is %v after the call began and %v before the resend; want the first attempt's lease, lapsed",
+			res.Claim.LeaseExpiry, d, resentAt.Sub(res.Claim.LeaseExpiry))
 	}
 	if ok, err := r.b.Complete(t.Context(), res.Claim); !ok || err != nil {
 		t.Fatalf("complete: %v %v", ok, err)
@@ -214,7 +230,7 @@ func TestClaimResentOnAFreedKeyIsAnErrorNotASecondWin(t *testing.T) {
 		}
 	})
 	res, err := r.b.Claim(t.Context(), "k", lease)
-	wait()
+	wantResent(t, wait(), true)
 	if err == nil {
 		t.Fatalf("resent claim: %v fence %d; want an error (its lost attempt won fence 1, the key is free again at fence 3)", res.Outcome, res.Claim.Fence)
 	}
@@ -229,6 +245,33 @@ func TestClaimResentOnAFreedKeyIsAnErrorNotASecondWin(t *testing.T) {
 	}
 }
 
+// recreatedBeforeTheResend claims "k" on a lossRig with the given ttl, then
+// calls op on that claim with its reply lost; before the resend (or, with
+// none, after op returns) it waits out the claim's lease (lapse, 0 for one
+// that never lapses before op) and ttl, so that Redis deletes the record,
+// and has another caller create "k" afresh. It returns the rig, whether op
+// resent, the newcomer's claim (which won fence 1) and op's error.
+func recreatedBeforeTheResend(t *testing.T, by resender, ttl, lapse time.Duration, op func(r *lossRig, mine store.Claim) error) (r *lossRig, resent bool, newcomer store.Claim, err error) {
+	t.Helper()
+	r = newLossRig(t, by, ttl)
+	ctx := t.Context()
+	mine, err := r.b.Claim(ctx, "k", time.Minute)
+	if err != nil || mine.Outcome != store.Won {
+		t.Fatal(mine.Outcome, err)
+	}
+	var fresh store.Result
+	wait := r.loseNextReply(t, func() {
+		time.Sleep(lapse + ttl + 100*time.Millisecond) // the record expires and is reaped
+		fresh, _ = r.other.Claim(ctx, "k", time.Minute)
+	})
+	err = op(r, mine.Claim)
+	resent = wait()
+	if fresh.Outcome != store.Won || fresh.Claim.Fence != 1 {
+		t.Fatalf("newcomer: %v fence %d, want won with fence 1 (a fresh record)", fresh.Outcome, fresh.Claim.Fence)
+	}
+	return r, resent, fresh.Claim, err
+}
+
 // A Complete that landed and lost its reply, resent after its Done record
 // was reaped and another caller created the key afresh (fence 1 again),
 // must neither mark the newcomer's claim done nor report false: it cannot
@@ -237,31 +280,21 @@ func TestCompleteResentAfterTheKeyWasRecreatedLeavesTheNewcomerAlone(t *testing.
 	const ttl = 200 * time.Millisecond
 	for _, by := range []resender{byBackend, byDriver} {
 		t.Run(string(by), func(t *testing.T) {
-			r := newLossRig(t, by, ttl)
-			ctx := t.Context()
-			mine, err := r.b.Claim(ctx, "k", time.Minute)
-			if err != nil || mine.Outcome != store.Won {
-				t.Fatal(mine.Outcome, err)
-			}
-			var newcomer store.Result
-			wait := r.loseNextReply(t, func() {
-				time.Sleep(ttl + 100*time.Millisecond) // the done record expires and is reaped
-				newcomer, _ = r.other.Claim(ctx, "k", time.Minute)
+			var ok bool
+			r, resent, newcomer, err := recreatedBeforeTheResend(t, by, ttl, 0, func(r *lossRig, mine store.Claim) (err error) {
+				ok, err = r.b.Complete(t.Context(), mine)
+				return err
 			})
-			ok, err := r.b.Complete(ctx, mine.Claim)
-			wait()
-			if newcomer.Outcome != store.Won || newcomer.Claim.Fence != 1 {
-				t.Fatalf("newcomer: %v fence %d, want won with fence 1 (a fresh record)", newcomer.Outcome, newcomer.Claim.Fence)
-			}
+			wantResent(t, resent, by == byBackend)
 			if err == nil {
 				t.Errorf("resent complete = %v, nil; want an error (its completion landed, the record is gone)", ok)
 			} else if !isDriverError(err) {
 				t.Errorf("error %v does not wrap the driver's error", err)
 			}
-			if s, _ := r.raw.HGet(ctx, prefixOf(r.b)+"k", "s").Result(); s != "c" {
+			if s, _ := r.raw.HGet(t.Context(), prefixOf(r.b)+"k", "s").Result(); s != "c" {
 				t.Fatalf("the newcomer's record is %q, want still claimed", s)
 			}
-			if ok, err := r.other.Complete(ctx, newcomer.Claim); !ok || err != nil {
+			if ok, err := r.other.Complete(t.Context(), newcomer); !ok || err != nil {
 				t.Fatalf("the newcomer's complete: %v %v", ok, err)
 			}
 		})
@@ -276,7 +309,7 @@ func TestCompleteResentFindsItsOwnCompletion(t *testing.T) {
 	mine, _ := r.b.Claim(ctx, "k", time.Minute)
 	wait := r.loseNextReply(t, nil)
 	ok, err := r.b.Complete(ctx, mine.Claim)
-	wait()
+	wantResent(t, wait(), true)
 	if !ok || err != nil {
 		t.Fatalf("resent complete: %v %v; want true", ok, err)
 	}
@@ -292,111 +325,47 @@ func TestReleaseResentAfterTheKeyWasRecreatedLeavesTheNewcomerAlone(t *testing.T
 	const ttl = 200 * time.Millisecond
 	for _, by := range []resender{byBackend, byDriver} {
 		t.Run(string(by), func(t *testing.T) {
-			r := newLossRig(t, by, ttl)
-			ctx := t.Context()
-			mine, _ := r.b.Claim(ctx, "k", time.Minute)
-			var newcomer store.Result
-			wait := r.loseNextReply(t, func() {
-				time.Sleep(ttl + 100*time.Millisecond)
-				newcomer, _ = r.other.Claim(ctx, "k", time.Minute)
+			r, resent, newcomer, err := recreatedBeforeTheResend(t, by, ttl, 0, func(r *lossRig, mine store.Claim) error {
+				return r.b.Release(t.Context(), mine)
 			})
-			err := r.b.Release(ctx, mine.Claim)
-			wait()
+			wantResent(t, resent, by == byBackend)
 			if err != nil && !isDriverError(err) {
 				t.Errorf("error %v does not wrap the driver's error", err)
 			}
-			if newcomer.Outcome != store.Won || newcomer.Claim.Fence != 1 {
-				t.Fatalf("newcomer: %v fence %d, want won with fence 1", newcomer.Outcome, newcomer.Claim.Fence)
-			}
-			if got, _ := r.other.Claim(ctx, "k", time.Minute); got.Outcome != store.HeldByOther {
+			if got, _ := r.other.Claim(t.Context(), "k", time.Minute); got.Outcome != store.HeldByOther {
 				t.Fatalf("a third caller: %v; want held by other (the newcomer's claim was released)", got.Outcome)
 			}
-			if ok, err := r.other.Complete(ctx, newcomer.Claim); !ok || err != nil {
+			if ok, err := r.other.Complete(t.Context(), newcomer); !ok || err != nil {
 				t.Fatalf("the newcomer's complete: %v %v; want true", ok, err)
 			}
 		})
 	}
 }
 
-// An Extend resent after the record was reaped and created afresh must not
-// renew the newcomer's lease for the old holder: the old holder's claim is
-// lost, and must hear so.
+// An Extend whose reply was lost is not resent (see
+// TestExtendIsNotResentAfterALostReply); neither it nor a driver's resend
+// after the record was reaped and created afresh may renew the newcomer's
+// lease for the old holder: the old holder's claim is lost, and must hear
+// so.
 func TestExtendResentAfterTheKeyWasRecreatedIsLost(t *testing.T) {
 	const ttl = 200 * time.Millisecond
+	const lease = 50 * time.Millisecond // the extension's, which lapses before the ttl
 	for _, by := range []resender{byBackend, byDriver} {
 		t.Run(string(by), func(t *testing.T) {
-			r := newLossRig(t, by, ttl)
-			ctx := t.Context()
-			mine, _ := r.b.Claim(ctx, "k", time.Minute)
-			var newcomer store.Result
-			wait := r.loseNextReply(t, func() {
-				// Our extension (a 50ms lease) lapses, then its ttl.
-				time.Sleep(50*time.Millisecond + ttl + 100*time.Millisecond)
-				newcomer, _ = r.other.Claim(ctx, "k", time.Minute)
+			r, resent, newcomer, err := recreatedBeforeTheResend(t, by, ttl, lease, func(r *lossRig, mine store.Claim) error {
+				_, err := r.b.Extend(t.Context(), mine, lease)
+				return err
 			})
-			_, err := r.b.Extend(ctx, mine.Claim, 50*time.Millisecond)
-			wait()
-			if newcomer.Outcome != store.Won || newcomer.Claim.Fence != 1 {
-				t.Fatalf("newcomer: %v fence %d, want won with fence 1", newcomer.Outcome, newcomer.Claim.Fence)
-			}
+			wantResent(t, resent, false)
 			if err == nil {
 				t.Fatal("resent extend succeeded on the newcomer's record; want ErrLost (or the driver's error)")
 			}
 			if !errors.Is(err, store.ErrLost) && !isDriverError(err) {
 				t.Errorf("error %v is neither ErrLost nor the driver's", err)
 			}
-			l, _ := r.raw.HGet(ctx, prefixOf(r.b)+"k", "l").Int64()
-			if got := time.UnixMilli(l); !got.Equal(newcomer.Claim.LeaseExpiry) {
-				t.Fatalf("the newcomer's lease expiry moved from %v to %v", newcomer.Claim.LeaseExpiry, got)
-			}
-		})
-	}
-}
-
-// The same hazard without any lost reply: a holder that outlives lease +
-// ttl (a misconfiguration, but possible) finds its record reaped and
-// created afresh at fence 1 by another caller. Its fence matches; its
-// claim is not that record's, and it can change nothing.
-func TestAHolderOutlivingItsRecordCannotTouchTheNextOne(t *testing.T) {
-	const ttl = 100 * time.Millisecond
-	c := client(t, testsvc.Redis(t))
-	b := newBackend(t, c, redislock.WithTTL(ttl))
-	ctx := t.Context()
-	for _, op := range []string{"complete", "release", "extend"} {
-		t.Run(op, func(t *testing.T) {
-			k := "k-" + op
-			old, err := b.Claim(ctx, k, 10*time.Millisecond)
-			if err != nil || old.Outcome != store.Won {
-				t.Fatal(old.Outcome, err)
-			}
-			time.Sleep(10*time.Millisecond + ttl + 100*time.Millisecond)
-			next, err := b.Claim(ctx, k, time.Minute)
-			if err != nil || next.Outcome != store.Won || next.Claim.Fence != 1 {
-				t.Fatalf("next: %v fence %d %v; want won, fence 1 (a fresh record)", next.Outcome, next.Claim.Fence, err)
-			}
-			switch op {
-			case "complete":
-				if ok, err := b.Complete(ctx, old.Claim); ok || err != nil {
-					t.Fatalf("the old holder's complete: %v %v; want false", ok, err)
-				}
-			case "release":
-				if err := b.Release(ctx, old.Claim); err != nil {
-					t.Fatal(err)
-				}
-			case "extend":
-				if _, err := b.Extend(ctx, old.Claim, time.Hour); !errors.Is(err, store.ErrLost) {
-					t.Fatalf("the old holder's extend: %v; want ErrLost", err)
-				}
-				l, _ := c.HGet(ctx, prefixOf(b)+k, "l").Int64()
-				if !time.UnixMilli(l).Equal(next.Claim.LeaseExpiry) {
-					t.Fatalf("the next holder's lease moved to %v", time.UnixMilli(l))
-				}
-			}
-			if got, _ := b.Claim(ctx, k, time.Minute); got.Outcome != store.HeldByOther {
-				t.Fatalf("a third caller: %v; want held by other", got.Outcome)
-			}
-			if ok, err := b.Complete(ctx, next.Claim); !ok || err != nil {
-				t.Fatalf("the next holder's complete: %v %v", ok, err)
+			l, _ := r.raw.HGet(t.Context(), prefixOf(r.b)+"k", "l").Int64()
+			if got := time.UnixMilli(l); !got.Equal(newcomer.LeaseExpiry) {
+				t.Fatalf("the newcomer's lease expiry moved from %v to %v", newcomer.LeaseExpiry, got)
 			}
 		})
 	}
@@ -431,7 +400,7 @@ func TestExtendIsNotResentAfterALostReply(t *testing.T) {
 	srv := testsvc.StartRedis(t)
 	proxy := testsvc.NewDropProxy(t, srv.Addr)
 	c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = 5 })
-	b := newBackend(t, c, redislock.WithClaimRetries(2))
+	b := newBackend(t, c, redislock.WithRetries(2))
 	direct := client(t, srv.Addr)
 	ctx := t.Context()
 	r, err := b.Claim(ctx, "k", time.Minute)
@@ -453,5 +422,153 @@ func TestExtendIsNotResentAfterALostReply(t *testing.T) {
 	// The next beat renews as usual.
 	if _, err := b.Extend(ctx, r.Claim, time.Minute); err != nil {
 		t.Fatalf("next extend: %v", err)
+	}
+}
+
+// A Claim whose winning reply was lost is resent and re-affirmed: won,
+// with the fence it took (not a second one), whatever the client's own
+// MaxRetries.
+func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
+	addr := testsvc.Redis(t)
+	for _, tc := range []struct {
+		name        string
+		clientRetry int // go-redis MaxRetries; -1 disables its own retries
+		ours        int
+	}{
+		{"backend retries", -1, 2},
+		// go-redis's own retries stay off for the scripts (see
+		// TestGoRedisNeverResendsAScript): the backend resends.
+		{"backend retries, client MaxRetries 3", 3, 2},
+	} {
+		for _, path := range []string{"create", "reclaim"} {
+			t.Run(tc.name+"/"+path, func(t *testing.T) {
+				proxy := testsvc.NewDropProxy(t, addr)
+				c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = tc.clientRetry })
+				b := newBackend(t, c, redislock.WithRetries(tc.ours))
+				ctx := t.Context()
+				wantFence := int64(1)
+				if path == "reclaim" {
+					// A crashed holder's record, lease lapsed.
+					if r, err := b.Claim(ctx, "k", time.Millisecond); err != nil || r.Outcome != store.Won {
+						t.Fatal(r, err)
+					}
+					time.Sleep(5 * time.Millisecond)
+					wantFence = 2
+				} else if _, err := b.Claim(ctx, "warm-up", time.Minute); err != nil { // load the scripts
+					t.Fatal(err)
+				}
+
+				proxy.Armed.Store(true)
+				r, err := b.Claim(ctx, "k", time.Minute)
+				if proxy.Dropped.Load() != 1 {
+					t.Fatalf("the proxy dropped %d replies, want 1", proxy.Dropped.Load())
+				}
+				if err != nil || r.Outcome != store.Won || r.Claim.Fence != wantFence {
+					t.Fatalf("retried claim: %v fence %d err %v; want won, fence %d (re-affirmed, not bumped twice)",
+						r.Outcome, r.Claim.Fence, err, wantFence)
+				}
+				if tok, _ := c.HGet(ctx, prefixOf(b)+"k", "t").Result(); tok != r.Claim.Token {
+					t.Fatalf("stored token %q, want the claim's %q", tok, r.Claim.Token)
+				}
+				if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
+					t.Fatalf("another delivery: %v, want held by other", other.Outcome)
+				}
+				if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
+					t.Fatalf("complete of the re-affirmed claim: %v %v", ok, err)
+				}
+			})
+		}
+	}
+}
+
+// go-redis resends a command after a network error (MaxRetries), without
+// the backend knowing that the reply it then gets is a resend's. The
+// backend turns that off for its scripts: with its own resends off, a lost
+// reply is an error after exactly one run of the script, whatever the
+// client's MaxRetries.
+func TestGoRedisNeverResendsAScript(t *testing.T) {
+	srv := testsvc.StartRedis(t)
+	proxy := testsvc.NewDropProxy(t, srv.Addr)
+	c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = 5 })
+	b := newBackend(t, c, redislock.WithRetries(0))
+	ctx := t.Context()
+	direct := client(t, srv.Addr)
+	scripts := func() int64 { return scriptRuns(t, direct) }
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Load every script, so that the reply lost is the script's, not a
+	// NOSCRIPT.
+	b.Extend(ctx, r.Claim, time.Minute)
+	b.Release(ctx, store.Claim{Key: "k", Fence: 99})
+	b.Complete(ctx, store.Claim{Key: "k", Fence: 99})
+	for _, op := range ops(b, r.Claim) {
+		before := scripts()
+		c.Ping(ctx) // a pooled connection, so the reply lost is the script's, not a handshake's
+		proxy.Armed.Store(true)
+		err := op.call(ctx)
+		if ran := scripts() - before; ran != 1 {
+			t.Errorf("%s: the script ran %d times, want 1 (no resend by go-redis)", op.name, ran)
+		}
+		if err == nil {
+			t.Errorf("%s: no error after a lost reply and no resend", op.name)
+		}
+	}
+}
+
+func TestALostReplyWithNoRetryIsAnErrorNotHeldByOther(t *testing.T) {
+	proxy := testsvc.NewDropProxy(t, testsvc.Redis(t))
+	c := client(t, proxy.Addr(), func(o *redis.Options) { o.MaxRetries = -1 })
+	b := newBackend(t, c, redislock.WithRetries(0))
+	ctx := t.Context()
+	b.Claim(ctx, "warm-up", time.Minute)
+	proxy.Armed.Store(true)
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "outcome unknown") {
+		t.Fatalf("claim whose reply was lost: %v %v; want an error saying the outcome is unknown", r.Outcome, err)
+	}
+}
+
+// WithRetries(n) covers all four operations: after attempts that surely
+// did not run (here every dial is refused) each one sends n+1 times, and
+// waits between attempts at least the lower bound of the jittered backoff
+// (10ms, 20ms, 40ms, ...: half of 20ms doubled per attempt); the error
+// wraps the last attempt's.
+func TestWithRetriesResendsEveryOperationNTimesWithBackoff(t *testing.T) {
+	port, err := testsvc.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client(t, fmt.Sprintf("127.0.0.1:%d", port), oneDial)
+	cl := store.Claim{Key: "k", Fence: 1, Token: "t"}
+	for _, n := range []int{0, 1, 3} {
+		b := newBackend(t, c, redislock.WithRetries(n))
+		for _, op := range ops(b, cl) {
+			t.Run(fmt.Sprintf("%s/retries=%d", op.name, n), func(t *testing.T) {
+				var gaps []time.Duration
+				last := time.Now()
+				redislock.OnResend(b, func(attempt int) {
+					if attempt != len(gaps)+1 {
+						t.Errorf("resend numbered %d after %d resends", attempt, len(gaps))
+					}
+					gaps = append(gaps, time.Since(last))
+					last = time.Now()
+				})
+				err := op.call(t.Context())
+				if len(gaps) != n {
+					t.Fatalf("%d resends, want %d", len(gaps), n)
+				}
+				var op *net.OpError
+				if !errors.As(err, &op) || op.Op != "dial" {
+					t.Fatalf("error %v does not wrap the refused dial", err)
+				}
+				for i, g := range gaps {
+					if low := (20 * time.Millisecond << i) / 2; g < low {
+						t.Errorf("resend %d came %v after the previous attempt began, under the backoff's lower bound %v", i+1, g, low)
+					}
+				}
+			})
+		}
 	}
 }
