@@ -93,7 +93,7 @@ func TestBusinessRepublishIsCaughtByTheBusinessKey(t *testing.T) {
 func TestUnkeyedMessageFailsClosed(t *testing.T) {
 	ps, sup, f := orderScenario(t, "unkeyed", "HandleOrder", 2)
 	ps.publish(t, "orders", map[string]string{"source": "batch"}, order("PO-6"))
-	eventually(t, 30*time.Second, "three refusals", func() bool { return f.statusCounts()[http.StatusInternalServerError] >= 3 })
+	eventually(t, 30*time.Second, "three refusals", func() bool { return f.statusCounts()[http.StatusBadRequest] >= 3 })
 	if distinct, calls := sup.orders(); distinct != 0 || calls != 0 {
 		t.Fatalf("an order without a key reached the supplier (%d calls)", calls)
 	}
