@@ -302,7 +302,6 @@ func TestDocsCommandsAreChecked(t *testing.T) {
 type commandChecker struct {
 	root     string
 	makefile *makefile
-	testFns  map[string]bool // every Test/Benchmark/Fuzz function name
 
 	gcloudOnce sync.Once
 	gcloud     string // the SDK's gcloud, "" when absent
