@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Writes a directory that `gcloud functions deploy --source=DIR` (or
-# `gcloud run deploy --source=DIR --function=...`) can build on its own: the
-# example's function package, a go.mod of its own, and a vendor/ directory
+# `gcloud run deploy --source=DIR --function=...`, or, for the net/http
+# service in cmd/cloudrun, `gcloud run deploy --source=DIR
+# --set-build-env-vars=GOOGLE_BUILDABLE=./cmd/cloudrun`) can build on its
+# own: the example's function package, the service's main, a go.mod of its
+# own, and a vendor/ directory
 # that holds this module (which is not published on a module proxy) and
 # every other dependency. Cloud Build then needs nothing outside DIR.
 #
@@ -19,6 +22,10 @@ rm -rf "$out"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cp "$repo/function_example/function.go" "$repo/function_example/buildpack.go" "$out/"
+# The same directory builds the plain net/http Cloud Run service too:
+# gcloud run deploy --source=DIR --set-build-env-vars=GOOGLE_BUILDABLE=./cmd/cloudrun
+mkdir -p "$out/cmd/cloudrun"
+cp "$repo/function_example/cmd/cloudrun/main.go" "$out/cmd/cloudrun/"
 M=github.com/gcp-pubsub-idempotency/idempotency
 # The function needs the root module, every backend module it may pick at
 # run time (IDEMPOTENCY_BACKEND) and the example's module (its orders

@@ -1,8 +1,10 @@
 // Command cloudrun is the example as a plain net/http Cloud Run service, for
 // teams not on the functions framework. Point push subscriptions (or
-// Eventarc triggers) at /orders and /status:
+// Eventarc triggers) at /orders and /status. `make function-source` writes
+// a self-contained source directory (vendored) that holds this command too:
 //
-//	gcloud run deploy orders --source . --set-env-vars GOOGLE_CLOUD_PROJECT=my-project
+//	make function-source
+//	gcloud run deploy orders --source=build/function --set-build-env-vars=GOOGLE_BUILDABLE=./cmd/cloudrun --set-env-vars=GOOGLE_CLOUD_PROJECT=my-project
 //	gcloud pubsub subscriptions create orders-push --topic orders \
 //	    --push-endpoint "$URL/orders" --push-auth-service-account SA \
 //	    --dead-letter-topic orders-dead --max-delivery-attempts 10
