@@ -27,7 +27,6 @@ func FirestoreEmulator() string {
 	return filepath.Join("/usr/lib/google-cloud-sdk", rel)
 }
 
-
 // Firestore returns the host:port of a Firestore (Native mode) emulator
 // shared by the whole test binary, and sets FIRESTORE_EMULATOR_HOST to it
 // for clients in this process: the variable's own value when set, else an
