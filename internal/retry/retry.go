@@ -52,7 +52,8 @@ func (p Policy) Delay(attempt int) time.Duration {
 }
 
 // Wait blocks for Delay(attempt), or until ctx ends, and then returns
-// ctx.Err() (nil when the whole delay passed).
+// ctx.Err(): nil when the whole delay passed with ctx still live (a delay
+// that ends as ctx ends returns ctx's error, so that no attempt follows).
 func (p Policy) Wait(ctx context.Context, attempt int) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -65,7 +66,8 @@ func (p Policy) Wait(ctx context.Context, attempt int) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-after(p.Delay(attempt)):
-		return nil
+		// select picks at random when ctx ended at the same time.
+		return ctx.Err()
 	}
 }
 

@@ -165,3 +165,27 @@ func TestWaitReturnsCtxErrWhenCtxEndsFirst(t *testing.T) {
 		t.Fatalf("Wait = %v after %d waits, want nil after 1", err, len(c.waits))
 	}
 }
+
+// A wait whose timer fires as ctx ends (both ready at once) must not let
+// Do call op again: select picks either case at random, and Do promises
+// never to call op after ctx has ended.
+func TestDoNeverCallsOpWhenCtxEndsAsTheWaitEnds(t *testing.T) {
+	for i := range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		both := func(time.Duration) <-chan time.Time {
+			cancel()
+			ch := make(chan time.Time, 1)
+			ch <- time.Time{}
+			return ch
+		}
+		p := retry.WithAfter(retry.Policy{Retries: 3}, both)
+		calls := 0
+		err := p.Do(ctx, func(int) error { calls++; return errTransient }, always)
+		if calls != 1 || !errors.Is(err, context.Canceled) || !errors.Is(err, errTransient) {
+			t.Fatalf("run %d: %d calls, err %v; want 1 call and an error wrapping context.Canceled and the op's error", i, calls, err)
+		}
+		if err := p.Wait(ctx, 0); !errors.Is(err, context.Canceled) {
+			t.Fatalf("run %d: Wait with ctx ended as the delay passed = %v, want context.Canceled", i, err)
+		}
+	}
+}
