@@ -101,10 +101,7 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 				panic("idempotency.Idempotent: nil handler")
 			}
 			return func(ctx context.Context, e event.Event) error {
-				if err := h(ctx, e); err != nil {
-					return nackable(nilSafe(err))
-				}
-				return nil
+				return cfg.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
 			}
 		}
 	}
@@ -135,10 +132,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 		c.lock.log().WarnContext(ctx, "idempotency: event has no key; running the handler unguarded (AllowUnguarded)",
 			"event_id", e.ID(), "event_type", e.Type())
-		if err := h(ctx, e); err != nil {
-			return nackable(nilSafe(err))
-		}
-		return nil
+		return c.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
 	}
 	key = c.prefix + key
 	if err := store.ValidateKey(key); err != nil {

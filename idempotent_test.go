@@ -13,6 +13,7 @@ import (
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/protocol"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
@@ -548,5 +549,49 @@ func TestNoErrorSaysIdempotencyTwice(t *testing.T) {
 	}
 	if len(errs) < 60 {
 		t.Fatalf("only %d error paths driven", len(errs))
+	}
+}
+
+// A KeyFunc's error of any shape nacks without running the handler or
+// touching the backend, with the same status through the framework and
+// PushHandler: 400 when it wraps a "message at fault" sentinel (even under
+// a result whose status would ack), the 4xx/5xx its own result carries,
+// else 500. Neither an ack status, an ACK receipt, a typed nil, nor a
+// Lock's own duplicate passed off as the KeyFunc's error acks.
+func TestKeyFuncErrorsOfEveryShapeNackOnBothPaths(t *testing.T) {
+	done := fake.New()
+	completeSubKey(t, done, "k")
+	ownDuplicate := idempotency.Lock(t.Context(), done, "k", func(context.Context) error { return nil })
+	for _, c := range []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"plain", errors.New("lookup failed"), 500},
+		{"says idempotency:", errors.New("idempotency: lookup failed"), 500},
+		{"wraps ErrNoKey", fmt.Errorf("x: %w", idempotency.ErrNoKey), 400},
+		{"202 result", cehttp.NewResult(202, "accepted"), 500},
+		{"202 result that says idempotency:", cehttp.NewResult(202, "idempotency: accepted"), 500},
+		{"202 result wrapping store.ErrInvalidKey", cehttp.NewResult(202, "%w", store.ErrInvalidKey), 400},
+		{"ACK receipt", protocol.ResultACK, 500},
+		{"nil result", (*cehttp.Result)(nil), 500},
+		{"nil in-progress error", (*idempotency.InProgressError)(nil), 500},
+		{"nil duplicate error", (*idempotency.DuplicateError)(nil), 500},
+		{"a Lock's own duplicate", ownDuplicate, 500},
+		{"in progress", &idempotency.InProgressError{Key: "k"}, 500},
+		{"429 result", cehttp.NewResult(429, "slow down"), 429},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			opts := []idempotency.Option{idempotency.WithLogger(newDiscard()),
+				idempotency.WithKey(func(cloudevents.Event) (string, error) { return "", c.err })}
+			h := func(context.Context, cloudevents.Event) error { t.Error("handler ran"); return nil }
+			serve(t, idempotency.Idempotent(untouchable(t), opts...)(h))
+			ff, body := post(t, "eventarc_binary")
+			srv := httptest.NewServer(idempotency.PushHandler(untouchable(t), h, opts...))
+			defer srv.Close()
+			if push := pushTo(t, srv.URL, "eventarc_binary"); ff != c.want || push != c.want {
+				t.Fatalf("framework HTTP %d %q, PushHandler %d; want %d", ff, body, push, c.want)
+			}
+		})
 	}
 }

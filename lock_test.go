@@ -743,3 +743,53 @@ func TestInProgressErrorSaysUntilWhen(t *testing.T) {
 		t.Fatalf("Error() without Until = %q", got)
 	}
 }
+
+// Complete and Release are retried until the settle timeout, so a retry
+// may follow an attempt that took effect but whose reply was lost. The
+// retried Complete finds its own completion (no "fenced out" or "failed"
+// error log; the redelivery is a duplicate); the retried Release changes
+// nothing more (the fence rose once; the redelivery runs once).
+func TestLockSettleRetryAfterALostReplyFindsItsOwnEffect(t *testing.T) {
+	t.Run("Complete", func(t *testing.T) {
+		s, clock := newStore(t)
+		l, logger := newLogs()
+		runs := 0
+		body := func(context.Context) error {
+			runs++
+			s.LoseNextReply() // the next call is the Complete after this body
+			return nil
+		}
+		if err := idempotency.Lock(t.Context(), s, "m", body, idempotency.WithLogger(logger)); err != nil {
+			t.Fatal(err)
+		}
+		if n := s.Calls(fake.OpComplete); n != 2 {
+			t.Fatalf("Complete called %d times, want 2 (the lost reply, then the retry)", n)
+		}
+		if e := l.find(t, "ERROR", ""); len(e) != 0 {
+			t.Fatalf("error logs %v after a retried Complete found its own completion", e)
+		}
+		clock.Advance(store.DefaultLease + time.Minute)
+		if err := idempotency.Lock(t.Context(), s, "m", body); !errors.Is(err, idempotency.ErrDuplicate) || runs != 1 {
+			t.Fatalf("redelivery after the lease: %v, runs %d; want ErrDuplicate and 1 run", err, runs)
+		}
+	})
+	t.Run("Release", func(t *testing.T) {
+		s, _ := newStore(t)
+		boom := errors.New("boom")
+		err := idempotency.Lock(t.Context(), s, "m", func(context.Context) error {
+			s.LoseNextReply() // the next call is the Release after this body
+			return boom
+		}, idempotency.WithLogger(newDiscard()))
+		if err != boom {
+			t.Fatalf("err = %v, want the body's error as is", err)
+		}
+		if n := s.Calls(fake.OpRelease); n != 2 {
+			t.Fatalf("Release called %d times, want 2", n)
+		}
+		assertReleased(t, s, "m")
+		runs := 0
+		if err := idempotency.Lock(t.Context(), s, "m", func(context.Context) error { runs++; return nil }); err != nil || runs != 1 {
+			t.Fatalf("redelivery: %v, runs %d; want nil and 1 run", err, runs)
+		}
+	})
+}

@@ -50,19 +50,25 @@ func refused(err error) error {
 	return nackable(err)
 }
 
-// bodyOutcome maps what the handler returned (run reported ran == true).
-// The claim was completed if and only if err is nil; otherwise it was
-// released, and the delivery must be nacked whatever err wraps: a nested
-// Lock's ErrDuplicate is the handler failing, not this delivery being a
-// duplicate. A handler error wrapping ErrInProgress (an inner Lock or
-// Mutex found its key held) becomes a 503, which is still a nack, with a
-// warning naming the inner key.
+// bodyOutcome maps what the handler returned (run reported ran == true,
+// or the handler ran unguarded: then key is empty). The claim was
+// completed if and only if err is nil; otherwise it was released, and the
+// delivery must be nacked whatever err wraps: a nested Lock's ErrDuplicate
+// is the handler failing, not this delivery being a duplicate. A handler
+// error wrapping ErrInProgress (an inner Lock or Mutex found its key held)
+// becomes a 503, which is still a nack, with a warning naming the inner
+// key.
 func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err error) error {
 	if err == nil {
 		return nil
 	}
 	if errors.Is(err, ErrInProgress) {
+		msg := "idempotency: the handler found an inner key in progress elsewhere; released the message key, nacking with 503 for a later retry"
 		attrs := []any{"message_key", key, "event_id", e.ID()}
+		if key == "" { // the handler ran unguarded: there is no message key
+			msg = "idempotency: the handler found an inner key in progress elsewhere; nacking with 503 for a later retry"
+			attrs = []any{"event_id", e.ID()}
+		}
 		var ip *InProgressError
 		if errors.As(err, &ip) && ip != nil {
 			attrs = append(attrs, "key", ip.Key)
@@ -70,8 +76,7 @@ func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err
 				attrs = append(attrs, "until", ip.Until)
 			}
 		}
-		c.lock.log().WarnContext(ctx, "idempotency: the handler found an inner key in progress elsewhere; released the message key, nacking with 503 for a later retry",
-			append(attrs, deliveryAttrs(e)...)...)
+		c.lock.log().WarnContext(ctx, msg, append(attrs, deliveryAttrs(e)...)...)
 		return withStatus(http.StatusServiceUnavailable, err)
 	}
 	return nackable(err)

@@ -328,3 +328,50 @@ func TestFrameworkAndPushHandlerAnswerTheSameStatus(t *testing.T) {
 		})
 	}
 }
+
+// The wire table's 503 for a handler's error wrapping ErrInProgress holds
+// on every path on which the handler runs: also when it ran unguarded (an
+// unkeyed event with AllowUnguarded, or the disable switch), through the
+// framework and PushHandler alike, with one warning and no error log.
+func TestHandlerErrorWrappingErrInProgressIsA503EvenUnguarded(t *testing.T) {
+	inner := func(context.Context, cloudevents.Event) error {
+		return fmt.Errorf("reserving: %w", &idempotency.InProgressError{Key: "po:PO-1"})
+	}
+	for _, c := range []struct {
+		name     string
+		disabled bool
+		fixture  string
+		opts     []idempotency.Option
+	}{
+		{name: "AllowUnguarded, unkeyed", fixture: "unkeyed", opts: []idempotency.Option{idempotency.AllowUnguarded()}},
+		{name: "disable switch", disabled: true, fixture: "eventarc_binary"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.disabled {
+				t.Setenv(idempotency.DisableEnv, "1")
+			}
+			s, _ := newStore(t)
+			l, logger := newLogs()
+			opts := append([]idempotency.Option{idempotency.WithLogger(logger)}, c.opts...)
+			serve(t, idempotency.Idempotent(s, opts...)(inner))
+			if code, body := post(t, c.fixture); code != http.StatusServiceUnavailable {
+				t.Fatalf("framework: HTTP %d %q, want 503", code, body)
+			}
+			if !errors.Is(returned(), idempotency.ErrInProgress) {
+				t.Fatalf("returned %v, which hides the handler's ErrInProgress", returned())
+			}
+			srv := httptest.NewServer(idempotency.PushHandler(s, inner, opts...))
+			defer srv.Close()
+			if code := pushTo(t, srv.URL, c.fixture); code != http.StatusServiceUnavailable {
+				t.Fatalf("PushHandler: HTTP %d, want 503", code)
+			}
+			w := l.find(t, "WARN", "inner key in progress")
+			if len(w) != 2 || w[0]["key"] != "po:PO-1" || w[0]["message_key"] != nil {
+				t.Fatalf("warnings %v: want one per delivery naming the inner key and no message key", w)
+			}
+			if e := l.find(t, "ERROR", ""); len(e) != 0 {
+				t.Fatalf("error logs %v for contention", e)
+			}
+		})
+	}
+}
