@@ -50,12 +50,21 @@ func transient(err error) bool {
 // lost, and the record no longer says whether that attempt had won.
 var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
 
+// errInsertWon marks a MySQL Claim attempt whose INSERT IGNORE won the key
+// and whose read of the record then failed: the win landed, whether or not
+// the read's own error says the server refused the read.
+var errInsertWon = errors.New("sqllock: the insert won the key")
+
 // mayHaveLanded reports whether the write that failed with err may have
 // been applied all the same: true unless the server itself refused the
 // statement (an SQLSTATE, a MySQL error number, an SQLite code; a single
 // statement outside a transaction that failed changed nothing) or the
-// driver reported that it sent nothing (driver.ErrBadConn).
+// driver reported that it sent nothing (driver.ErrBadConn); and always
+// true after a MySQL insert that won (errInsertWon).
 func mayHaveLanded(err error) bool {
+	if errors.Is(err, errInsertWon) {
+		return true
+	}
 	if errors.Is(err, driver.ErrBadConn) {
 		return false
 	}

@@ -441,6 +441,12 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 	}
 	r, found, err := b.read(ctx, k)
 	if err != nil {
+		if inserted == 1 {
+			// The insert won the key, whatever the read's error says
+			// about the read: a retry that finds the key in other hands
+			// must not answer their outcome.
+			return store.Result{}, fmt.Errorf("%w, then reading it back failed: %w", errInsertWon, err)
+		}
 		return store.Result{}, err
 	}
 	if found && r.state == 1 && r.token == token {

@@ -73,3 +73,92 @@ func TestMySQLClaimWhoseInsertWonIsNeverAnsweredWithAnotherCallersOutcome(t *tes
 		})
 	}
 }
+
+// The same call, when the read after its winning insert fails in a way
+// that a retry may clear and that says the read itself was refused (here a
+// real Error 1205: the read waited out lock_wait_timeout behind a table
+// lock), and the key changes hands meanwhile: the retry's insert finds the
+// key taken and its read finds the other caller's claim. The call did win
+// (fence 1), so it must not answer the other caller's outcome: the insert
+// landed, which the retry has to count as a write of this call that may
+// have won.
+func TestMySQLClaimWhoseInsertWonAndWhoseReadFailedIsNeverAnsweredWithAnotherCallersOutcome(t *testing.T) {
+	e := mariadb
+	dsn := e.dsn(t)
+	c := &counter{}
+	// The backend's sessions wait at most a second for a table lock.
+	b := e.backend(t, e.open(t, dsn+"?lock_wait_timeout=1", c))
+	odb := e.open(t, dsn, nil)
+	other, err := sqllock.New(odb, sqllock.MySQL, sqllock.WithTable(tableOf(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const key = "won-then-read-failed"
+	var fired atomic.Bool
+	var otherErr error
+	unlocked := make(chan struct{})
+	hook := func(q string) {
+		if !strings.Contains(q, "INSERT IGNORE") || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		defer func() {
+			if otherErr != nil {
+				close(unlocked)
+			}
+		}()
+		// Our insert landed with a 1ms lease: another caller takes the key
+		// once it lapses.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+			r, err := other.Claim(ctx, key, time.Hour)
+			if err != nil {
+				otherErr = err
+				return
+			}
+			if r.Outcome == store.Won {
+				break
+			}
+			if time.Now().After(deadline) {
+				otherErr = context.DeadlineExceeded
+				return
+			}
+		}
+		// An operator's table lock: our read waits a second for it and
+		// fails with Error 1205; the lock goes half a second later.
+		conn, err := odb.Conn(ctx)
+		if err != nil {
+			otherErr = err
+			return
+		}
+		if _, err := conn.ExecContext(ctx, "LOCK TABLES `"+tableOf(b)+"` WRITE"); err != nil {
+			conn.Close()
+			otherErr = err
+			return
+		}
+		go func() {
+			defer close(unlocked)
+			time.Sleep(1500 * time.Millisecond)
+			if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err != nil {
+				t.Error(err)
+			}
+			conn.Close()
+		}()
+	}
+	c.afterExec.Store(&hook)
+	defer c.afterExec.Store(nil)
+	r, err := b.Claim(ctx, key, time.Millisecond)
+	if !fired.Load() {
+		t.Fatal("the hook never ran")
+	}
+	<-unlocked
+	if otherErr != nil {
+		t.Fatalf("the other caller: %v", otherErr)
+	}
+	t.Logf("claim: %v fence %d, err %v", r.Outcome, r.Claim.Fence, err)
+	if err == nil && r.Outcome != store.Won {
+		t.Fatalf("Claim whose insert won answered %v (until %v); want won or an error", r.Outcome, r.Until)
+	}
+	if err == nil && r.Claim.Fence != 1 {
+		t.Fatalf("Claim whose insert won answered won with fence %d; want 1", r.Claim.Fence)
+	}
+}
