@@ -338,3 +338,83 @@ func FuzzPushHandler(f *testing.F) {
 		_, _ = io.Copy(io.Discard, w.Body)
 	})
 }
+
+// FuzzPushHandlerUnwrapped posts arbitrary bodies, with or without the
+// message id header of an unwrapped push and a Ce-Id or Content-Type an
+// attribute could have made, to a PushHandler with and without
+// WithUnwrappedPush. Whatever the input: no ack unless the handler ran
+// once and succeeded; with the option the handler's data is the body byte
+// for byte and nothing is keyed without a message id header; with or
+// without it, a request with that header is keyed on that header's value
+// or not at all, never on what the body says.
+func FuzzPushHandlerUnwrapped(f *testing.F) {
+	for _, s := range seeds(f) {
+		f.Add(s.body, "m-1", s.head.Get("Ce-Id"), s.head.Get("Content-Type"), true, uint8(0))
+		f.Add(s.body, "m-1", s.head.Get("Ce-Id"), s.head.Get("Content-Type"), false, uint8(0))
+		f.Add(s.body, "", "", "", true, uint8(0))
+	}
+	f.Add([]byte(`{"message":{"messageId":"forged"}}`), "m-1", "", "application/json", false, uint8(0))
+	f.Add([]byte(`{"message":{"messageId":"m-1"}}`), "m-1", "", "", false, uint8(0))
+	f.Add([]byte(`{"message":{"messageId":"forged"}}`), "m-1", "forged", "application/cloudevents+json", true, uint8(1))
+	f.Fuzz(func(t *testing.T, body []byte, msgID, ceID, ctype string, unwrappedMode bool, mode uint8) {
+		s := fake.New()
+		ran := 0
+		var seen event.Event
+		h := func(ctx context.Context, e event.Event) error {
+			ran++
+			seen = e
+			if mode == 0 {
+				return nil
+			}
+			return failWith[int(mode-1)%len(failWith)]
+		}
+		r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+		for k, v := range map[string]string{PushMessageIDHeader: msgID, "Ce-Id": ceID, "Content-Type": ctype} {
+			if v != "" && !strings.ContainsAny(v, "\r\n") {
+				r.Header.Set(k, v)
+			}
+		}
+		if ceID != "" {
+			r.Header.Set("Ce-Type", PubSubEventType)
+			r.Header.Set("Ce-Specversion", "1.0")
+			r.Header.Set("Ce-Source", "//pubsub.googleapis.com/projects/p/topics/t")
+		}
+		_, withID := r.Header[PushMessageIDHeader]
+		opts := []Option{WithLogger(discard)}
+		if unwrappedMode {
+			opts = append(opts, WithUnwrappedPush())
+		}
+		w := httptest.NewRecorder()
+		PushHandler(s, h, opts...).ServeHTTP(w, r)
+		code := w.Code
+		switch {
+		case ran > 1:
+			t.Fatalf("the handler ran %d times for one request", ran)
+		case ran == 0 && pubsubAcks[code]:
+			t.Fatalf("HTTP %d (ack) on a fresh store, but the handler never ran", code)
+		case ran == 1 && mode != 0 && (code < 400 || code > 599):
+			t.Fatalf("the handler failed and PushHandler answered %d", code)
+		case ran == 1 && mode == 0 && code != http.StatusNoContent:
+			t.Fatalf("the handler succeeded and PushHandler answered %d", code)
+		case unwrappedMode && !withID && ran != 0:
+			t.Fatalf("an unwrapped push without a message id ran under the default key (HTTP %d)", code)
+		}
+		if ran == 0 {
+			if s.Len() != 0 {
+				t.Fatalf("no run, HTTP %d, but %d records", code, s.Len())
+			}
+			return
+		}
+		if unwrappedMode {
+			ev, err := ParsePubSub(seen)
+			if err != nil || !bytes.Equal(ev.Message.Data, body) {
+				t.Fatalf("the handler's data %q (%v) is not the body %q", ev.Message.Data, err, body)
+			}
+		}
+		if withID {
+			if _, ok := s.Record(r.Header.Get(PushMessageIDHeader)); !ok || s.Len() != 1 {
+				t.Fatalf("HTTP %d: the record is not under the message id header %q (%d records)", code, r.Header.Get(PushMessageIDHeader), s.Len())
+			}
+		}
+	})
+}

@@ -2,11 +2,13 @@ package idempotency
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
@@ -18,13 +20,172 @@ import (
 // 10 MB message limit, base64-encoded, plus the envelope.
 const MaxPushBody = 16 << 20
 
+// The headers in which Pub/Sub writes a message's metadata on an unwrapped
+// push from a subscription created with --push-no-wrapper and
+// --push-no-wrapper-write-metadata (PushConfig.NoWrapper.write_metadata:
+// "x-goog-pubsub-<KEY>" headers for the metadata, and one header named
+// after each attribute; see
+// https://cloud.google.com/pubsub/docs/payload-unwrapping). Header names
+// are case-insensitive; these are Go's canonical spellings.
+const (
+	// PushMessageIDHeader carries the messageId: the default key of an
+	// unwrapped delivery.
+	PushMessageIDHeader = "X-Goog-Pubsub-Message-Id"
+	// PushPublishTimeHeader carries the publish time (RFC 3339).
+	PushPublishTimeHeader = "X-Goog-Pubsub-Publish-Time"
+	// PushSubscriptionHeader carries the full subscription name.
+	PushSubscriptionHeader = "X-Goog-Pubsub-Subscription-Name"
+	// PushOrderingKeyHeader carries the ordering key, when the message has
+	// one.
+	PushOrderingKeyHeader = "X-Goog-Pubsub-Ordering-Key"
+)
+
+// ErrPushForbidden is what a verifier given to [WithPushAuth] wraps to
+// say that the request's credential is valid but names a sender that may
+// not deliver: [PushHandler] answers it 403 rather than 401.
+var ErrPushForbidden = errors.New("idempotency: push sender not allowed")
+
+// pushConfig is what the options only PushHandler reads set.
+type pushConfig struct {
+	unwrapped bool
+	attrs     []string
+	auth      func(*http.Request) error
+	authSet   bool
+}
+
+// pushOption is an Option that only PushHandler reads: Idempotent (and
+// the functions framework behind it) never sees the HTTP request.
+type pushOption func(*pushConfig)
+
+func (pushOption) applyIdempotent(*config) {}
+
+// newPushConfig applies the push options among opts, in order.
+func newPushConfig(opts []Option) pushConfig {
+	var pc pushConfig
+	for _, o := range opts {
+		if p, ok := o.(pushOption); ok {
+			p(&pc)
+		}
+	}
+	return pc
+}
+
+// validate reports a push option that is a mistake in the program.
+func (pc *pushConfig) validate() error {
+	if pc.authSet && pc.auth == nil {
+		return fmt.Errorf("nil push verifier in WithPushAuth")
+	}
+	seen := map[string]bool{}
+	for _, a := range pc.attrs {
+		if !isToken(a) {
+			return fmt.Errorf("WithUnwrappedPush: attribute %q cannot travel as an HTTP header name", a)
+		}
+		c := http.CanonicalHeaderKey(a)
+		if strings.HasPrefix(c, "X-Goog-Pubsub-") {
+			return fmt.Errorf("WithUnwrappedPush: %q is a Pub/Sub metadata header, not an attribute", a)
+		}
+		if seen[c] {
+			return fmt.Errorf("WithUnwrappedPush: attribute %q is named twice (header names ignore case)", a)
+		}
+		seen[c] = true
+	}
+	return nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110), which a header
+// name must be.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// WithUnwrappedPush makes [PushHandler] serve a push subscription created
+// with payload unwrapping (gcloud's --push-no-wrapper): the request body
+// is the message data itself, as published. It is a choice, not a
+// detection: the body of an unwrapped push is whatever the publisher
+// wrote, and it may be a JSON object that looks exactly like a push
+// envelope or a structured CloudEvent; with write-metadata, every
+// attribute becomes a header, so a publisher can also add a Ce-Id or a
+// Content-Type header of its choosing. Nothing in such a request tells it
+// apart from a wrapped one, and reading it as one would key it on bytes
+// the publisher chose. So with this option, every request's body is the
+// message data, never an envelope or a CloudEvent; without it, no request
+// is read as unwrapped.
+//
+// With --push-no-wrapper-write-metadata, the message's metadata comes in
+// the headers [PushMessageIDHeader], [PushPublishTimeHeader],
+// [PushSubscriptionHeader] and [PushOrderingKeyHeader]: the default key,
+// [MessageID], is then the message id header, as it is the envelope's
+// messageId on a wrapped push, and [ParsePubSub] sees the message as if
+// it had come in an envelope. The attributes come as headers named after
+// them, among the other headers of the request (User-Agent,
+// Authorization, trace headers a proxy adds), so PushHandler passes on
+// only the attributes named here, under the name given here: their
+// header names ignore case, and HTTP trims spaces around their values.
+// Pub/Sub writes no delivery attempt on an unwrapped push, so
+// DeliveryAttempt stays zero.
+//
+// Without write-metadata, the request carries no message id at all: only
+// a key read from the payload can work, such as
+// WithKey(JSONField("order", "id")); under the default key every delivery
+// is refused with a 400 that says so (an error wrapping [ErrNoKey]), and
+// reaches the dead-letter topic rather than running unguarded.
+//
+// A request whose metadata or named attribute header is repeated, or is
+// not valid UTF-8, is refused with a 400 (an error wrapping
+// [ErrMalformedEvent]): it has no single value to key on. PushHandler
+// panics on an attribute name that cannot be a header name, that names a
+// metadata header, or that is given twice. [Idempotent] ignores this
+// option: the functions framework does not take unwrapped pushes.
+func WithUnwrappedPush(attributes ...string) Option {
+	attrs := append([]string(nil), attributes...)
+	return pushOption(func(pc *pushConfig) {
+		pc.unwrapped = true
+		pc.attrs = attrs
+	})
+}
+
+// WithPushAuth makes [PushHandler] call verify on every request before it
+// reads the body, and refuse the request when verify returns an error:
+// with 403 when the error wraps [ErrPushForbidden], else with 401 (and a
+// WWW-Authenticate: Bearer header). A refused request never reaches the
+// backend: nothing is claimed, nothing is run. The module
+// github.com/gcp-pubsub-idempotency/idempotency/pushauth gives a verify
+// that checks the OIDC token Pub/Sub puts on an authenticated push
+// subscription's requests (its audience, issuer and service account); it
+// is a module of its own so that this one does not depend on Google's API
+// client. verify must be safe for concurrent use. PushHandler panics on a
+// nil verify. [Idempotent] ignores this option: a function behind the
+// functions framework is authenticated by Cloud Run itself (deploy it
+// with authentication required; see docs/deploy.md).
+func WithPushAuth(verify func(r *http.Request) error) Option {
+	return pushOption(func(pc *pushConfig) {
+		pc.auth = verify
+		pc.authSet = true
+	})
+}
+
 // PushHandler returns an http.Handler for a Cloud Run service (or any
 // net/http server) that receives Pub/Sub deliveries without the functions
 // framework. It accepts both shapes a push can have:
 //
 //   - a raw push envelope, as a push subscription posts it:
 //     {"message": {...}, "subscription": "...", "deliveryAttempt": N};
-//   - a CloudEvent, binary or structured, as Eventarc posts it.
+//   - a CloudEvent, binary or structured, as Eventarc posts it;
+//
+// or, with [WithUnwrappedPush] (and only then), the unwrapped push of a
+// subscription created with payload unwrapping.
 //
 // It guards h exactly as [Idempotent](b, opts...) does, and writes the
 // status the functions framework would write for the same outcome (the
@@ -47,17 +208,32 @@ const MaxPushBody = 16 << 20
 //	not a POST                               405
 //	body over MaxPushBody                    413
 //
+// and, with [WithPushAuth], for a request its verifier refuses:
+//
+//	no valid credential                      401              nack, retried
+//	credential of a sender not allowed       403              nack, retried
+//
 // Only the guard's own outcomes ack (see Idempotent): a handler's error
 // that wraps [ErrDuplicate] is a failure, answered 500.
 //
 // A raw envelope becomes a CloudEvent of type [PubSubEventType] whose id is
 // the messageId and whose data is the envelope itself, so [ParsePubSub] sees
 // the subscription and deliveryAttempt (which the functions framework's own
-// conversion drops). Errors are logged at ERROR, contention at WARN, and
-// the error text is the response body. PushHandler panics on what
-// Idempotent panics on.
+// conversion drops). An unwrapped push becomes the same CloudEvent, with an
+// envelope built from its body and headers. A request that carries a
+// [PushMessageIDHeader] without WithUnwrappedPush must be an envelope or a
+// CloudEvent of that very message id; any other is refused with a 400 that
+// names the option, rather than keyed on a body that is, most likely, an
+// unwrapped payload. Errors are logged at ERROR, contention and refused
+// requests at WARN, and the error text is the response body. PushHandler
+// panics on what Idempotent panics on, and on a push option that is a
+// mistake (see WithUnwrappedPush and WithPushAuth).
 func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler {
 	cfg := newConfig(opts)
+	pc := newPushConfig(opts)
+	if err := pc.validate(); err != nil {
+		panic("idempotency.PushHandler: " + err.Error())
+	}
 	guarded := Idempotent(b, opts...)(h)
 	log := cfg.lock.log()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -66,7 +242,29 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 			http.Error(w, "Pub/Sub push requests are POSTs", http.StatusMethodNotAllowed)
 			return
 		}
-		e, status, err := pushEvent(r)
+		if pc.auth != nil {
+			if err := pc.auth(r); err != nil {
+				status := http.StatusUnauthorized
+				if errors.Is(err, ErrPushForbidden) {
+					status = http.StatusForbidden
+				} else {
+					w.Header().Set("WWW-Authenticate", "Bearer")
+				}
+				log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated push request", "status", status, "error", err)
+				http.Error(w, err.Error(), status)
+				return
+			}
+		}
+		var (
+			e      event.Event
+			status int
+			err    error
+		)
+		if pc.unwrapped {
+			e, status, err = unwrappedEvent(r, pc.attrs)
+		} else {
+			e, status, err = pushEvent(r)
+		}
 		if err != nil {
 			log.WarnContext(r.Context(), "idempotency: refusing a push request", "status", status, "error", err)
 			http.Error(w, err.Error(), status)
@@ -76,6 +274,9 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 		if err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
+		}
+		if pc.unwrapped && errors.Is(err, ErrNoKey) {
+			err = unwrappedNoKey(err, e.Type() == PubSubEventType)
 		}
 		// The status the functions framework would write for err (see
 		// wireStatus): Idempotent gives every failure a 4xx or 5xx.
@@ -91,17 +292,53 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 	})
 }
 
-// unidentifiedPushType marks a raw push envelope without a messageId.
+// unwrappedNoKey adds to the ErrNoKey of an unwrapped push what can key
+// it.
+func unwrappedNoKey(err error, hasID bool) error {
+	if hasID {
+		return fmt.Errorf("%w: on an unwrapped push, an attribute reaches the key (and the handler) only when WithUnwrappedPush names it", err)
+	}
+	return fmt.Errorf("%w: the unwrapped push carries no %s header (its subscription was created without --push-no-wrapper-write-metadata), so the message id cannot be the key and only a key read from the payload can work, such as WithKey(JSONField(\"order\", \"id\")); the configured key found none", err, PushMessageIDHeader)
+}
+
+// unidentifiedPushType marks a raw push envelope, or an unwrapped push,
+// without a message id.
 const unidentifiedPushType = "io.github.gcp-pubsub-idempotency.push.unidentified"
 
-// pushEvent reads the request as a CloudEvent or a raw push envelope.
-func pushEvent(r *http.Request) (event.Event, int, error) {
+// readBody reads the request body, up to MaxPushBody.
+func readBody(r *http.Request) ([]byte, int, error) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxPushBody+1))
 	if err != nil {
-		return event.Event{}, http.StatusBadRequest, fmt.Errorf("reading the body: %w", err)
+		return nil, http.StatusBadRequest, fmt.Errorf("reading the body: %w", err)
 	}
 	if len(body) > MaxPushBody {
-		return event.Event{}, http.StatusRequestEntityTooLarge, fmt.Errorf("body over %d bytes", MaxPushBody)
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("body over %d bytes", MaxPushBody)
+	}
+	return body, 0, nil
+}
+
+// pushEvent reads the request as a CloudEvent or a raw push envelope. A
+// request with a message id header must be that message's.
+func pushEvent(r *http.Request) (event.Event, int, error) {
+	e, status, err := wrappedEvent(r)
+	ids, unwrapped := r.Header[PushMessageIDHeader]
+	if !unwrapped || status == http.StatusRequestEntityTooLarge {
+		return e, status, err
+	}
+	if err == nil {
+		ev, perr := ParsePubSub(e)
+		if len(ids) == 1 && perr == nil && ev.Message.ID == ids[0] {
+			return e, 0, nil
+		}
+	}
+	return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: the request carries the %s header of an unwrapped push (a subscription created with --push-no-wrapper), but it is not that message's envelope or CloudEvent; serve such a subscription with WithUnwrappedPush", ErrMalformedEvent, PushMessageIDHeader)
+}
+
+// wrappedEvent reads the request as a CloudEvent or a raw push envelope.
+func wrappedEvent(r *http.Request) (event.Event, int, error) {
+	body, status, err := readBody(r)
+	if err != nil {
+		return event.Event{}, status, err
 	}
 	if r.Header.Get("Ce-Id") != "" || strings.Contains(r.Header.Get("Content-Type"), "cloudevents") {
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
@@ -125,9 +362,20 @@ func pushEvent(r *http.Request) (event.Event, int, error) {
 	if env.Message == nil {
 		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: push envelope has no \"message\"", ErrMalformedEvent)
 	}
+	e := pubsubEventFor(firstNonEmpty(env.Message.MessageID, env.Message.MessageIDAlt), env.Subscription, env.Message.PublishTime)
+	if err := e.SetData(event.ApplicationJSON, json.RawMessage(body)); err != nil {
+		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	}
+	return e, 0, nil
+}
+
+// pubsubEventFor is the CloudEvent (without data) of the message id of
+// the given subscription, published at publishTime (RFC 3339, ignored if
+// not).
+func pubsubEventFor(id, subscription, publishTime string) event.Event {
 	e := event.New()
 	e.SetType(PubSubEventType)
-	e.SetID(firstNonEmpty(env.Message.MessageID, env.Message.MessageIDAlt))
+	e.SetID(id)
 	if e.ID() == "" {
 		// A CloudEvent needs an id, but this one must not become the key:
 		// with a type other than PubSubEventType, MessageID finds no key and
@@ -135,15 +383,76 @@ func pushEvent(r *http.Request) (event.Event, int, error) {
 		e.SetID("unidentified")
 		e.SetType(unidentifiedPushType)
 	}
-	src := "//pubsub.googleapis.com/"
-	if env.Subscription != "" {
-		src += env.Subscription
-	}
-	e.SetSource(src)
-	if t, err := time.Parse(time.RFC3339Nano, env.Message.PublishTime); err == nil {
+	e.SetSource("//pubsub.googleapis.com/" + subscription)
+	if t, err := time.Parse(time.RFC3339Nano, publishTime); err == nil {
 		e.SetTime(t)
 	}
-	if err := e.SetData(event.ApplicationJSON, json.RawMessage(body)); err != nil {
+	return e
+}
+
+// unwrappedEvent reads an unwrapped push: the body is the message data,
+// the metadata and the named attributes are headers. The event's data is
+// the envelope a wrapped push of the same message would have carried.
+func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
+	body, status, err := readBody(r)
+	if err != nil {
+		return event.Event{}, status, err
+	}
+	one := func(name string) (string, error) {
+		vs := r.Header.Values(name)
+		switch {
+		case len(vs) > 1:
+			return "", fmt.Errorf("%w: header %s is repeated", ErrMalformedEvent, name)
+		case len(vs) == 0:
+			return "", nil
+		case !utf8.ValidString(vs[0]):
+			return "", fmt.Errorf("%w: header %s is not valid UTF-8", ErrMalformedEvent, name)
+		}
+		return vs[0], nil
+	}
+	var msg struct {
+		Data        []byte            `json:"data,omitempty"`
+		Attributes  map[string]string `json:"attributes,omitempty"`
+		MessageID   string            `json:"messageId,omitempty"`
+		PublishTime string            `json:"publishTime,omitempty"`
+		OrderingKey string            `json:"orderingKey,omitempty"`
+	}
+	msg.Data = body
+	var sub string
+	for _, f := range []struct {
+		header string
+		to     *string
+	}{
+		{PushMessageIDHeader, &msg.MessageID},
+		{PushPublishTimeHeader, &msg.PublishTime},
+		{PushSubscriptionHeader, &sub},
+		{PushOrderingKeyHeader, &msg.OrderingKey},
+	} {
+		if *f.to, err = one(f.header); err != nil {
+			return event.Event{}, http.StatusBadRequest, err
+		}
+	}
+	for _, a := range attrs {
+		v, err := one(a)
+		if err != nil {
+			return event.Event{}, http.StatusBadRequest, err
+		}
+		if _, ok := r.Header[http.CanonicalHeaderKey(a)]; ok {
+			if msg.Attributes == nil {
+				msg.Attributes = map[string]string{}
+			}
+			msg.Attributes[a] = v
+		}
+	}
+	data, err := json.Marshal(struct {
+		Message      any    `json:"message"`
+		Subscription string `json:"subscription,omitempty"`
+	}{msg, sub})
+	if err != nil {
+		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
+	}
+	e := pubsubEventFor(msg.MessageID, sub, msg.PublishTime)
+	if err := e.SetData(event.ApplicationJSON, json.RawMessage(data)); err != nil {
 		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
 	return e, 0, nil

@@ -2,9 +2,12 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -229,5 +232,352 @@ func TestPushHandlerContentionIs503(t *testing.T) {
 	defer srv.Close()
 	if code := pushTo(t, srv.URL, "push_raw"); code != http.StatusServiceUnavailable || h.runs() != 0 {
 		t.Fatalf("HTTP %d, runs %d; want 503 and none", code, h.runs())
+	}
+}
+
+// unwrapped builds an unwrapped push request: body is the message data,
+// head the headers (repeated when a value has several entries).
+func unwrapped(body string, head map[string][]string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(body))
+	for k, vs := range head {
+		for _, v := range vs {
+			r.Header.Add(k, v)
+		}
+	}
+	return r
+}
+
+// serveOnce sends r to h and returns the status and body.
+func serveOnce(h http.Handler, r *http.Request) (int, string) {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w.Code, w.Body.String()
+}
+
+// metadata are the headers Pub/Sub writes on an unwrapped push with
+// write-metadata, for message id, plus attribute po_id.
+func metadata(id string) map[string][]string {
+	return map[string][]string{
+		idempotency.PushMessageIDHeader:    {id},
+		idempotency.PushPublishTimeHeader:  {"2026-11-29T12:00:00.123Z"},
+		idempotency.PushSubscriptionHeader: {"projects/p/subscriptions/orders-unwrapped"},
+		idempotency.PushOrderingKeyHeader:  {"customer-7"},
+		"po_id":                            {"PO-1001"},
+		"User-Agent":                       {"CloudPubSub-Google"},
+	}
+}
+
+// With write-metadata, the key is the message id header, whatever the body
+// looks like: an envelope of another message, a structured CloudEvent, a
+// Ce-Id header an attribute made. The handler sees the message as if it had
+// come wrapped, with the body as its data byte for byte and only the named
+// attributes.
+func TestPushHandlerUnwrappedWithMetadataKeysOnTheMessageIDHeader(t *testing.T) {
+	bodies := map[string]string{
+		"an envelope of another message": `{"message":{"messageId":"forged","data":"e30="},"subscription":"s"}`,
+		"a structured CloudEvent":        `{"specversion":"1.0","id":"forged","source":"s","type":"` + idempotency.PubSubEventType + `","data":{"message":{"messageId":"forged"}}}`,
+		"not JSON":                       "\x00\xffraw bytes",
+		"empty":                          "",
+	}
+	for name, body := range bodies {
+		t.Run(name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			ph := idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard()), idempotency.WithUnwrappedPush("po_id"))
+			head := metadata("m-1")
+			// Attributes an adversarial publisher could set, as headers.
+			head["Ce-Id"] = []string{"forged"}
+			head["Ce-Type"] = []string{idempotency.PubSubEventType}
+			head["Ce-Specversion"] = []string{"1.0"}
+			head["Content-Type"] = []string{"application/cloudevents+json"}
+			for range 2 { // the second post is the redelivery
+				if code, msg := serveOnce(ph, unwrapped(body, head)); code != http.StatusNoContent {
+					t.Fatalf("HTTP %d %q, want 204", code, msg)
+				}
+			}
+			if h.runs() != 1 || s.Len() != 1 {
+				t.Fatalf("runs %d, records %d; want 1 and 1", h.runs(), s.Len())
+			}
+			if rec, ok := s.Record("m-1"); !ok || rec.State != store.Done {
+				t.Fatalf("record under the message id header: %+v, %v", rec, ok)
+			}
+			ev, err := idempotency.ParsePubSub(h.events[0])
+			want := idempotency.PubSubEvent{
+				Message: idempotency.PubSubMessage{ID: "m-1", Data: []byte(body), Attributes: map[string]string{"po_id": "PO-1001"},
+					OrderingKey: "customer-7", PublishTime: time.Date(2026, 11, 29, 12, 0, 0, 123e6, time.UTC)},
+				Subscription: "projects/p/subscriptions/orders-unwrapped",
+			}
+			if err != nil || !reflect.DeepEqual(ev.Message.Attributes, want.Message.Attributes) || string(ev.Message.Data) != body ||
+				ev.Message.ID != want.Message.ID || ev.Message.OrderingKey != want.Message.OrderingKey ||
+				!ev.Message.PublishTime.Equal(want.Message.PublishTime) || ev.Subscription != want.Subscription || ev.DeliveryAttempt != 0 {
+				t.Fatalf("the handler saw %+v, %v; want %+v", ev, err, want)
+			}
+			if e := h.events[0]; e.ID() != "m-1" || e.Type() != idempotency.PubSubEventType || e.Source() != "//pubsub.googleapis.com/projects/p/subscriptions/orders-unwrapped" {
+				t.Fatalf("event id %q, type %q, source %q", e.ID(), e.Type(), e.Source())
+			}
+			// Another message with the same body is another delivery.
+			if code, _ := serveOnce(ph, unwrapped(body, metadata("m-2"))); code != http.StatusNoContent || h.runs() != 2 {
+				t.Fatalf("second message: HTTP %d, runs %d; want 204 and 2", code, h.runs())
+			}
+		})
+	}
+}
+
+// An attribute is passed on only when named, under the name given; a named
+// attribute that is absent is absent; Attribute keys work on it.
+func TestPushHandlerUnwrappedPassesOnlyTheNamedAttributes(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	ph := idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard()),
+		idempotency.WithUnwrappedPush("PO_ID", "Region"), idempotency.WithKey(idempotency.Attribute("PO_ID")))
+	head := metadata("m-1") // carries po_id (lower case on the wire), no Region
+	head["X-Cloud-Trace-Context"] = []string{"abc/1"}
+	if code, msg := serveOnce(ph, unwrapped(`{}`, head)); code != http.StatusNoContent {
+		t.Fatalf("HTTP %d %q", code, msg)
+	}
+	ev, _ := idempotency.ParsePubSub(h.events[0])
+	if !reflect.DeepEqual(ev.Message.Attributes, map[string]string{"PO_ID": "PO-1001"}) {
+		t.Fatalf("attributes %v, want only PO_ID", ev.Message.Attributes)
+	}
+	if _, ok := s.Record("PO-1001"); !ok {
+		t.Fatal("Attribute(\"PO_ID\") did not key on the header")
+	}
+}
+
+// Without write-metadata there is no message id: the default key refuses
+// every delivery with a 400 that says what can work, and a payload key
+// works.
+func TestPushHandlerUnwrappedWithoutMetadataNeedsAPayloadKey(t *testing.T) {
+	body := `{"order":{"id":"PO-7","qty":1}}`
+	t.Run("default key", func(t *testing.T) {
+		h := &counting{}
+		l, logger := newLogs()
+		ph := idempotency.PushHandler(untouchable(t), h.handle, idempotency.WithLogger(logger), idempotency.WithUnwrappedPush())
+		code, msg := serveOnce(ph, unwrapped(body, map[string][]string{"Content-Type": {"application/json"}}))
+		if code != http.StatusBadRequest || h.runs() != 0 {
+			t.Fatalf("HTTP %d, runs %d; want 400 and none", code, h.runs())
+		}
+		for _, want := range []string{"has no key", idempotency.PushMessageIDHeader, "--push-no-wrapper-write-metadata", "WithKey(JSONField("} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("the refusal %q does not say %q", msg, want)
+			}
+		}
+		if len(l.find(t, "ERROR", "nacking")) != 1 {
+			t.Fatalf("logs %v, want one error", l.records(t))
+		}
+	})
+	t.Run("JSONField", func(t *testing.T) {
+		s, _ := newStore(t)
+		h := &counting{}
+		ph := idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard()),
+			idempotency.WithUnwrappedPush(), idempotency.WithKey(idempotency.JSONField("order", "id")))
+		for range 2 {
+			if code, msg := serveOnce(ph, unwrapped(body, nil)); code != http.StatusNoContent {
+				t.Fatalf("HTTP %d %q, want 204", code, msg)
+			}
+		}
+		if h.runs() != 1 || s.Len() != 1 {
+			t.Fatalf("runs %d, records %d; want 1 and 1", h.runs(), s.Len())
+		}
+		if _, ok := s.Record("PO-7"); !ok {
+			t.Fatal("no record under the payload key")
+		}
+		if e := h.events[0]; e.Type() == idempotency.PubSubEventType {
+			t.Fatalf("an event without a message id has the type %q, under which MessageID would key on its placeholder id %q", e.Type(), e.ID())
+		}
+		code, msg := serveOnce(ph, unwrapped(`{"order":{}}`, nil))
+		if code != http.StatusBadRequest || !strings.Contains(msg, "the configured key found none") || h.runs() != 1 {
+			t.Fatalf("payload without the field: HTTP %d %q, runs %d; want 400 naming the key", code, msg, h.runs())
+		}
+	})
+}
+
+// A metadata or named attribute header that is repeated or not UTF-8 has
+// no single value to key on: 400, nothing claimed, nothing run.
+func TestPushHandlerUnwrappedRefusesAmbiguousHeaders(t *testing.T) {
+	cases := map[string]map[string][]string{
+		"message id repeated":    {idempotency.PushMessageIDHeader: {"m-1", "m-2"}},
+		"message id not UTF-8":   {idempotency.PushMessageIDHeader: {"m-\xff"}},
+		"subscription repeated":  {idempotency.PushMessageIDHeader: {"m-1"}, idempotency.PushSubscriptionHeader: {"a", "b"}},
+		"ordering key not UTF-8": {idempotency.PushMessageIDHeader: {"m-1"}, idempotency.PushOrderingKeyHeader: {"\xfe"}},
+		"attribute repeated":     {idempotency.PushMessageIDHeader: {"m-1"}, "po_id": {"a", "b"}},
+		"attribute not UTF-8":    {idempotency.PushMessageIDHeader: {"m-1"}, "po_id": {"\xff"}},
+	}
+	for name, head := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := &counting{}
+			ph := idempotency.PushHandler(untouchable(t), h.handle, idempotency.WithLogger(newDiscard()), idempotency.WithUnwrappedPush("po_id"))
+			if code, msg := serveOnce(ph, unwrapped("{}", head)); code != http.StatusBadRequest || h.runs() != 0 {
+				t.Fatalf("HTTP %d %q, runs %d; want 400 and none", code, msg, h.runs())
+			}
+		})
+	}
+}
+
+func TestPushHandlerPanicsOnAMistakenPushOption(t *testing.T) {
+	s, _ := newStore(t)
+	for name, opt := range map[string]idempotency.Option{
+		"empty attribute":       idempotency.WithUnwrappedPush(""),
+		"attribute with space":  idempotency.WithUnwrappedPush("po id"),
+		"metadata as attribute": idempotency.WithUnwrappedPush("x-goog-pubsub-message-id"),
+		"attribute twice":       idempotency.WithUnwrappedPush("po_id", "PO_ID"),
+		"nil verifier":          idempotency.WithPushAuth(nil),
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer func() {
+				if msg, _ := recover().(string); !strings.HasPrefix(msg, "idempotency.PushHandler: ") {
+					t.Fatalf("panic %q, want a refusal", msg)
+				}
+			}()
+			idempotency.PushHandler(s, (&counting{}).handle, opt)
+		})
+	}
+	// Idempotent ignores the push options.
+	if idempotency.Idempotent(s, idempotency.WithUnwrappedPush(), idempotency.WithPushAuth(func(*http.Request) error { return nil })) == nil {
+		t.Fatal("no decorator")
+	}
+}
+
+// Without WithUnwrappedPush, a request carrying the message id header of
+// an unwrapped push is read as an envelope or CloudEvent only when it is
+// one of that very message; otherwise it is refused, naming the option:
+// never keyed on a payload that only looks like an envelope.
+func TestPushHandlerWithoutTheOptionRefusesAnUnwrappedDelivery(t *testing.T) {
+	ce := map[string][]string{"Ce-Id": {"m-1"}, "Ce-Type": {idempotency.PubSubEventType}, "Ce-Specversion": {"1.0"},
+		"Ce-Source": {"//pubsub.googleapis.com/projects/p/topics/t"}, "Content-Type": {"application/json"}}
+	with := func(m map[string][]string, id ...string) map[string][]string {
+		out := map[string][]string{idempotency.PushMessageIDHeader: id}
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		body string
+		head map[string][]string
+		want int
+	}{
+		{"unwrapped payload shaped like another message's envelope", `{"message":{"messageId":"forged"}}`, with(nil, "m-1"), http.StatusBadRequest},
+		{"unwrapped payload that is not an envelope", `{"order":{"id":"PO-7"}}`, with(nil, "m-1"), http.StatusBadRequest},
+		{"envelope of that message", `{"message":{"messageId":"m-1"}}`, with(nil, "m-1"), http.StatusNoContent},
+		{"envelope, header repeated", `{"message":{"messageId":"m-1"}}`, with(nil, "m-1", "m-1"), http.StatusBadRequest},
+		{"binary CloudEvent of that message", `{"message":{}}`, with(ce, "m-1"), http.StatusNoContent},
+		{"binary CloudEvent of another message", `{"message":{}}`, with(ce, "m-2"), http.StatusBadRequest},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			code, msg := serveOnce(idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard())), unwrapped(c.body, c.head))
+			if code != c.want {
+				t.Fatalf("HTTP %d %q, want %d", code, msg, c.want)
+			}
+			if c.want == http.StatusBadRequest && (h.runs() != 0 || s.Len() != 0 || !strings.Contains(msg, "WithUnwrappedPush")) {
+				t.Fatalf("runs %d, records %d, body %q; want none, none, and the option named", h.runs(), s.Len(), msg)
+			}
+			if c.want == http.StatusNoContent {
+				if _, ok := s.Record("m-1"); !ok || h.runs() != 1 {
+					t.Fatalf("runs %d; want one, keyed m-1", h.runs())
+				}
+			}
+		})
+	}
+}
+
+// The functions framework cannot serve an unwrapped subscription: an
+// unwrapped payload posted to a framework function is refused with a 400
+// and never runs (the framework reads the body as an envelope).
+func TestFrameworkRefusesAnUnwrappedPush(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	serve(t, idempotency.Idempotent(s, idempotency.WithLogger(newDiscard()), idempotency.WithUnwrappedPush())(h.handle))
+	req, _ := http.NewRequest(http.MethodPost, serverURL+"/", strings.NewReader(`{"order":{"id":"PO-7"}}`))
+	req.Header = metadata("m-1")
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || h.runs() != 0 || s.Len() != 0 {
+		t.Fatalf("HTTP %d, runs %d, records %d; want 400, none, none", resp.StatusCode, h.runs(), s.Len())
+	}
+}
+
+// WithPushAuth: the verifier sees every request before its body is read;
+// a refusal is a 401 (403 for ErrPushForbidden), the backend is never
+// called and the handler never runs; an accepted request is guarded as
+// usual.
+func TestPushHandlerWithPushAuth(t *testing.T) {
+	verify := func(r *http.Request) error {
+		switch r.Header.Get("Authorization") {
+		case "Bearer good":
+			return nil
+		case "Bearer other-account":
+			return fmt.Errorf("token of other@p.iam.gserviceaccount.com: %w", idempotency.ErrPushForbidden)
+		}
+		return errors.New("no valid token")
+	}
+	body := `{"message":{"messageId":"m-1"}}`
+	for _, c := range []struct {
+		auth string
+		want int
+	}{
+		{"", http.StatusUnauthorized},
+		{"Bearer forged", http.StatusUnauthorized},
+		{"Bearer other-account", http.StatusForbidden},
+	} {
+		t.Run(c.auth, func(t *testing.T) {
+			h := &counting{}
+			l, logger := newLogs()
+			ph := idempotency.PushHandler(untouchable(t), h.handle, idempotency.WithLogger(logger), idempotency.WithPushAuth(verify))
+			r := httptest.NewRequest(http.MethodPost, "/", unreadable{t})
+			if c.auth != "" {
+				r.Header.Set("Authorization", c.auth)
+			}
+			w := httptest.NewRecorder()
+			ph.ServeHTTP(w, r)
+			if w.Code != c.want || h.runs() != 0 {
+				t.Fatalf("HTTP %d, runs %d; want %d and none", w.Code, h.runs(), c.want)
+			}
+			if got := w.Header().Get("WWW-Authenticate"); (c.want == http.StatusUnauthorized) != (got == "Bearer") {
+				t.Fatalf("WWW-Authenticate %q on a %d", got, w.Code)
+			}
+			if len(l.find(t, "WARN", "unauthenticated push")) != 1 {
+				t.Fatalf("logs %v, want one warning", l.records(t))
+			}
+		})
+	}
+	s, _ := newStore(t)
+	h := &counting{}
+	ph := idempotency.PushHandler(s, h.handle, idempotency.WithLogger(newDiscard()), idempotency.WithPushAuth(verify))
+	for range 2 {
+		if code := send(t, ph, body, map[string]string{"Authorization": "Bearer good"}); code != http.StatusNoContent {
+			t.Fatalf("HTTP %d, want 204", code)
+		}
+	}
+	if h.runs() != 1 || s.Len() != 1 {
+		t.Fatalf("runs %d, records %d; want 1 and 1", h.runs(), s.Len())
+	}
+}
+
+// unreadable is a request body that fails the test when read.
+type unreadable struct{ t *testing.T }
+
+func (u unreadable) Read([]byte) (int, error) {
+	u.t.Error("the body of a refused request was read")
+	return 0, io.EOF
+}
+
+// An Attribute key on an attribute WithUnwrappedPush does not name finds
+// nothing: the 400 says why.
+func TestPushHandlerUnwrappedAttributeKeyNeedsTheAttributeNamed(t *testing.T) {
+	h := &counting{}
+	ph := idempotency.PushHandler(untouchable(t), h.handle, idempotency.WithLogger(newDiscard()),
+		idempotency.WithUnwrappedPush(), idempotency.WithKey(idempotency.Attribute("po_id")))
+	code, msg := serveOnce(ph, unwrapped("{}", metadata("m-1")))
+	if code != http.StatusBadRequest || h.runs() != 0 || !strings.Contains(msg, "only when WithUnwrappedPush names it") {
+		t.Fatalf("HTTP %d %q, runs %d; want a 400 naming the option", code, msg, h.runs())
 	}
 }
