@@ -11,6 +11,7 @@
 #   sqllock        no go-redis, no Datastore/grpc/genproto, and no SQL driver
 #                  at all: the user picks one
 #   datastorelock  no go-redis, pgx, MySQL or SQLite
+#   pushauth       no backend driver, no Datastore: Google's API client only
 # The root module requires the functions framework for its own tests, so
 # the framework's module is in every graph; the grpc and genproto modules
 # it would bring are not (module graph pruning).
@@ -36,6 +37,7 @@ check() { # name, forbidden-regexp, packages...
 		for b in datastorelock redislock sqllock; do
 			printf 'replace %s/store/%s => %s/store/%s\n' "$M" "$b" "$root" "$b"
 		done
+		printf 'replace %s/pushauth => %s/pushauth\n' "$M" "$root"
 	} >"$dir/go.mod"
 	{
 		printf 'package main\n\nimport (\n'
@@ -63,4 +65,5 @@ check root-only "$drivers|$google" "$M" "$M/fake"
 check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|modernc.org/sqlite" "$M" "$M/store/redislock"
 check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
+check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"
 exit $rc
