@@ -40,7 +40,9 @@
 //
 // Pub/Sub writes no header for the delivery attempt, so an unwrapped request
 // carries no DeliveryAttempt; without write metadata it carries the data
-// alone, and no message id to key on.
+// alone, and no message id to key on. These are the headers idempotency's
+// PushHandler reads when given
+// [github.com/gcp-pubsub-idempotency/idempotency.WithUnwrappedPush].
 package pubsubtest
 
 import (

@@ -551,3 +551,56 @@ func TestREADMETestingSectionIsAnExample(t *testing.T) {
 		t.Fatalf("example_test.go does not contain the README's code:\n%s", code)
 	}
 }
+
+// TestUnwrappedRequestThroughPushHandler: PushHandler with
+// WithUnwrappedPush reads back from UnwrappedRequest(true) everything
+// Pub/Sub writes (no delivery attempt), and keys it on the message id
+// header; UnwrappedRequest(false) has no message id, so only a payload key
+// works; both run the body once for two deliveries. The header names are
+// PushHandler's.
+func TestUnwrappedRequestThroughPushHandler(t *testing.T) {
+	for mine, theirs := range map[string]string{
+		pubsubtest.HeaderMessageID:    idempotency.PushMessageIDHeader,
+		pubsubtest.HeaderSubscription: idempotency.PushSubscriptionHeader,
+		pubsubtest.HeaderPublishTime:  idempotency.PushPublishTimeHeader,
+		pubsubtest.HeaderOrderingKey:  idempotency.PushOrderingKeyHeader,
+	} {
+		if http.CanonicalHeaderKey(mine) != theirs {
+			t.Errorf("pubsubtest writes %s, PushHandler reads %s", mine, theirs)
+		}
+	}
+
+	m := full()
+	want := parsed(m)
+	want.DeliveryAttempt = 0
+	c := &capture{}
+	backend := fake.New()
+	h := idempotency.PushHandler(backend, c.handle, quiet(), idempotency.WithUnwrappedPush("po_id", "source"))
+	for range 2 {
+		if code, body := throughPushHandler(h, m.UnwrappedRequest(true)); code != http.StatusNoContent {
+			t.Fatalf("with metadata: HTTP %d %s", code, body)
+		}
+	}
+	if diff := cmp.Diff(want, parse(t, c.only(t))); diff != "" {
+		t.Errorf("with metadata (-want +got):\n%s", diff)
+	}
+	if _, ok := backend.Record(m.ID); !ok {
+		t.Errorf("no record under the message id %q", m.ID)
+	}
+
+	code, body := throughPushHandler(idempotency.PushHandler(fake.New(), c.handle, quiet(), idempotency.WithUnwrappedPush()), m.UnwrappedRequest(false))
+	if code != http.StatusBadRequest || !strings.Contains(body, idempotency.ErrNoKey.Error()) {
+		t.Errorf("without metadata, default key: HTTP %d %s; want 400 naming ErrNoKey", code, body)
+	}
+	c = &capture{}
+	h = idempotency.PushHandler(fake.New(), c.handle, quiet(), idempotency.WithUnwrappedPush(),
+		idempotency.WithKey(idempotency.JSONField("order", "id")))
+	for range 2 {
+		if code, body := throughPushHandler(h, m.UnwrappedRequest(false)); code != http.StatusNoContent {
+			t.Fatalf("without metadata, payload key: HTTP %d %s", code, body)
+		}
+	}
+	if got := parse(t, c.only(t)).Message.Data; !bytes.Equal(got, m.Data) {
+		t.Errorf("the handler got the data %q, want %q", got, m.Data)
+	}
+}
