@@ -2,10 +2,13 @@ package idempotency
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -56,6 +59,7 @@ func disabled() bool {
 //	no key (and no AllowUnguarded)         400 result        400, nack; handler not run
 //	malformed event data                   400 result        400, nack; handler not run
 //	key the port refuses                   400 result        400, nack; handler not run
+//	  (with WithHashedKeys: stored hashed, as any key)
 //	backend failed to claim                the wrapped error 500, nack; handler not run
 //
 // A result is an error in which the framework finds, with errors.As, a
@@ -84,28 +88,22 @@ func disabled() bool {
 // deliveryAttempt when the subscription has a dead-letter policy; for a
 // handler's inner key it names both keys (key and message_key).
 //
-// If [DisableEnv] is set when Idempotent is called, it logs one warning
-// and returns the handler unguarded: the backend is never called and
-// duplicates run again, but a failing handler's error still goes out as a
-// nack, as above. Otherwise Idempotent panics, when it is called, on a nil
-// backend, a non-positive lease or settle timeout, a heartbeat not shorter
-// than the lease, a nil [KeyFunc], or a prefix that breaks the
-// [WithKeyPrefix] rule: these are mistakes in the program, found at
-// start-up.
+// [DisableEnv] is read on every delivery, so setting it in TestMain or
+// with t.Setenv works wherever Idempotent was called. While it is set,
+// the handler runs unguarded and the backend is never called: duplicates
+// run again, but a failing handler's error still goes out as a nack, as
+// above. A wrapped handler logs one warning each time it finds the switch
+// set after finding it unset (or on its first delivery).
+//
+// Idempotent panics, when it is called, on a nil backend (unless
+// DisableEnv is set then: a delivery that finds it unset later is refused
+// with a 500, a nack), a non-positive lease or settle timeout, a heartbeat
+// not shorter than the lease, a negative [WithLeaseFromDeadline] margin, a
+// nil [KeyFunc], or a prefix that breaks the [WithKeyPrefix] rule: these
+// are mistakes in the program, found at start-up.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
 	cfg := newConfig(opts)
-	if disabled() {
-		cfg.lock.log().Warn("idempotency: " + DisableEnv + " is set; handlers run unguarded and duplicates are NOT suppressed")
-		return func(h CloudEventFunc) CloudEventFunc {
-			if h == nil {
-				panic("idempotency.Idempotent: nil handler")
-			}
-			return func(ctx context.Context, e event.Event) error {
-				return cfg.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
-			}
-		}
-	}
-	if b == nil {
+	if b == nil && !disabled() {
 		panic("idempotency.Idempotent: nil backend")
 	}
 	if err := cfg.validate(); err != nil {
@@ -115,7 +113,21 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 		if h == nil {
 			panic("idempotency.Idempotent: nil handler")
 		}
+		var warned atomic.Bool // warned since DisableEnv was last seen unset
 		return func(ctx context.Context, e event.Event) error {
+			if disabled() {
+				if !warned.Swap(true) {
+					cfg.lock.log().WarnContext(ctx, "idempotency: "+DisableEnv+" is set; handlers run unguarded and duplicates are NOT suppressed",
+						"event_id", e.ID())
+				}
+				return cfg.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
+			}
+			if warned.Load() {
+				warned.Store(false)
+			}
+			if b == nil {
+				return nackable(fmt.Errorf("%s event %q: nil backend (%s was set when Idempotent was called, and is not now); refusing to run the handler unguarded", errPrefix, e.ID(), DisableEnv))
+			}
 			return cfg.deliver(ctx, b, h, e)
 		}
 	}
@@ -123,28 +135,63 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 
 func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, e event.Event) error {
 	key, err := c.key(e)
+	if r, ok := err.(*refusedKeyError); ok && c.hashKeys {
+		key, err = r.key, nil // stored hashed below
+	}
 	if err != nil {
 		return refused(keyError(e, err))
 	}
 	if key == "" {
 		if !c.unguarded {
-			return refused(fmt.Errorf("%w: event %q (type %q); refusing to run it unguarded", ErrNoKey, e.ID(), e.Type()))
+			return refused(noKeyError(e))
 		}
 		c.lock.log().WarnContext(ctx, "idempotency: event has no key; running the handler unguarded (AllowUnguarded)",
 			"event_id", e.ID(), "event_type", e.Type())
 		return c.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
 	}
-	key = c.prefix + key
+	key = c.storedKey(key)
 	if err := store.ValidateKey(key); err != nil {
 		// A custom KeyFunc's NUL byte, or a key that the prefix pushes past
 		// store.MaxKeyLen: refused before the backend sees it.
-		return refused(fmt.Errorf("idempotency: event %q: key: %w", e.ID(), err))
+		hint := " (WithHashedKeys stores such keys hashed)"
+		if c.hashKeys {
+			hint = " (the key prefix is too long for a hashed key)"
+		}
+		return refused(fmt.Errorf("idempotency: event %q: key%s: %w", e.ID(), hint, err))
 	}
 	ran, err := run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}
 	return c.ownOutcome(ctx, e, key, err)
+}
+
+// noKeyError is the refusal of an unkeyed event: it names the options
+// that key such an event, or let it run unguarded.
+func noKeyError(e event.Event) error {
+	why := ""
+	if e.Type() != PubSubEventType {
+		why = " it is not a Pub/Sub message, which the default key (MessageID) needs;"
+	}
+	return fmt.Errorf("%w: event %q (type %q);%s key it with WithKey(JSONField(...)), WithKey(Attribute(...)) or a KeyFunc of your own, or allow it with AllowUnguarded; refusing to run it unguarded",
+		ErrNoKey, e.ID(), e.Type(), why)
+}
+
+// storedKey is key as the backend stores it: behind the prefix, and
+// hashed with WithHashedKeys when the port would refuse it or it could be
+// mistaken for a hashed key.
+func (c *config) storedKey(key string) string {
+	full := c.prefix + key
+	if !c.hashKeys || (store.ValidateKey(full) == nil && !strings.HasPrefix(key, HashedKeyPrefix)) {
+		return full
+	}
+	return c.prefix + hashKey(key)
+}
+
+// hashKey returns HashedKeyPrefix and the hex SHA-256 of key.
+func hashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return HashedKeyPrefix + hex.EncodeToString(sum[:])
 }
 
 // keyError is a KeyFunc's error as Idempotent returns it: as is when it

@@ -515,6 +515,15 @@ func TestNoErrorSaysIdempotencyTwice(t *testing.T) {
 	collect("Lock/zero lease", idempotency.Lock(ctx, s, "k", noop, idempotency.WithLease(0)))
 	collect("Lock/negative settle", idempotency.Lock(ctx, s, "k", noop, idempotency.WithSettleTimeout(-1)))
 	collect("Lock/long heartbeat", idempotency.Lock(ctx, s, "k", noop, idempotency.WithHeartbeat(time.Hour)))
+	collect("Lock/negative margin", idempotency.Lock(ctx, s, "k", noop, idempotency.WithLeaseFromDeadline(-time.Second)))
+	collect("Idempotent/hashed key behind a long prefix", idempotency.Idempotent(s, idempotency.WithHashedKeys(),
+		idempotency.WithKeyPrefix(strings.Repeat("p", 1000)+":"), idempotency.WithKey(keyFuncs["custom long"]))(okHandler)(ctx, good))
+	func() {
+		t.Setenv(idempotency.DisableEnv, "1")
+		h := idempotency.Idempotent(nil, idempotency.WithLogger(newDiscard()))(okHandler)
+		t.Setenv(idempotency.DisableEnv, "")
+		collect("Idempotent/nil backend, switch unset", h(ctx, good))
+	}()
 	completeSubKey(t, s, "done")
 	collect("Lock/duplicate", idempotency.Lock(ctx, s, "done", noop))
 	collect("Mutex/done", idempotency.Mutex(ctx, s, "done", noop))
@@ -593,5 +602,152 @@ func TestKeyFuncErrorsOfEveryShapeNackOnBothPaths(t *testing.T) {
 				t.Fatalf("framework HTTP %d %q, PushHandler %d; want %d", ff, body, push, c.want)
 			}
 		})
+	}
+}
+
+// Through the real functions framework, CLOUD_RUN_TIMEOUT_SECONDS=30 puts
+// a 30s deadline on the request, and WithLeaseFromDeadline(5s) claims for
+// 30s + the 10s settle timeout + 5s, less the moments the request took to
+// arrive; PushHandler gets the same under http.TimeoutHandler. Without a
+// deadline both claim for WithLease's lease.
+func TestHTTPLeaseFromTheFunctionTimeout(t *testing.T) {
+	const want = 45 * time.Second
+	inWindow := func(lease time.Duration) bool { return lease > want-5*time.Second && lease <= want }
+	for _, timeout := range []string{"30", ""} {
+		t.Run("CLOUD_RUN_TIMEOUT_SECONDS="+timeout, func(t *testing.T) {
+			t.Setenv("CLOUD_RUN_TIMEOUT_SECONDS", timeout)
+			s, _ := newStore(t)
+			rec := &leaseRecorder{Store: s}
+			opts := []idempotency.Option{idempotency.WithLeaseFromDeadline(5 * time.Second), idempotency.WithLease(20 * time.Minute),
+				idempotency.WithLogger(newDiscard())}
+			c := &counting{}
+			serve(t, idempotency.Idempotent(rec, opts...)(c.handle))
+			if code, body := post(t, "eventarc_binary"); code != http.StatusOK {
+				t.Fatalf("HTTP %d %q", code, body)
+			}
+			if got := rec.last(t); (timeout != "" && !inWindow(got)) || (timeout == "" && got != 20*time.Minute) {
+				t.Fatalf("framework: lease %v", got)
+			}
+			var h http.Handler = idempotency.PushHandler(rec, c.handle, opts...)
+			if timeout != "" {
+				h = http.TimeoutHandler(h, 30*time.Second, "timed out")
+			}
+			srv := httptest.NewServer(h)
+			defer srv.Close()
+			if code := pushTo(t, srv.URL, "push_raw"); code != http.StatusNoContent {
+				t.Fatalf("PushHandler: HTTP %d", code)
+			}
+			if got := rec.last(t); (timeout != "" && !inWindow(got)) || (timeout == "" && got != 20*time.Minute) {
+				t.Fatalf("PushHandler: lease %v", got)
+			}
+		})
+	}
+}
+
+// The disable switch is read on every delivery: flipped between the
+// deliveries of one wrapped handler, through the framework and
+// PushHandler, it takes effect at once, and each time it turns on it
+// warns once.
+func TestDisableSwitchIsReadPerDelivery(t *testing.T) {
+	for _, path := range []string{"framework", "PushHandler"} {
+		t.Run(path, func(t *testing.T) {
+			t.Setenv(idempotency.DisableEnv, "")
+			s, _ := newStore(t)
+			l, logger := newLogs()
+			c := &counting{}
+			deliver := func() int { code, _ := post(t, "eventarc_binary"); return code }
+			ack := http.StatusOK
+			if path == "framework" {
+				serve(t, idempotency.Idempotent(s, idempotency.WithLogger(logger))(c.handle))
+			} else {
+				srv := httptest.NewServer(idempotency.PushHandler(s, c.handle, idempotency.WithLogger(logger)))
+				defer srv.Close()
+				deliver = func() int { return pushTo(t, srv.URL, "eventarc_binary") }
+				ack = http.StatusNoContent
+			}
+			for i, step := range []struct {
+				env          string
+				runs, claims int
+				warnings     int
+			}{
+				{"", 1, 1, 0},     // guarded: runs, key done
+				{"", 1, 2, 0},     // guarded: a duplicate
+				{"1", 2, 2, 1},    // disabled: runs again, backend untouched, one warning
+				{"true", 3, 2, 1}, // still disabled: no second warning
+				{"0", 3, 3, 1},    // guarded again: a duplicate
+				{"on", 4, 3, 2},   // disabled again: warns again
+			} {
+				t.Setenv(idempotency.DisableEnv, step.env)
+				if code := deliver(); code != ack {
+					t.Fatalf("delivery %d (%q): HTTP %d", i, step.env, code)
+				}
+				if c.runs() != step.runs || s.Calls(fake.OpClaim) != step.claims || len(l.find(t, "WARN", idempotency.DisableEnv)) != step.warnings {
+					t.Fatalf("delivery %d (%q): runs %d, claims %d, warnings %d; want %d, %d, %d", i, step.env,
+						c.runs(), s.Calls(fake.OpClaim), len(l.find(t, "WARN", idempotency.DisableEnv)), step.runs, step.claims, step.warnings)
+				}
+			}
+		})
+	}
+}
+
+// Wrapped with a nil backend while the switch was set, a delivery that
+// finds it unset is refused (500, nack) without running the handler.
+func TestDisableSwitchUnsetAfterANilBackendNacks(t *testing.T) {
+	t.Setenv(idempotency.DisableEnv, "1")
+	c := &counting{}
+	opts := []idempotency.Option{idempotency.WithLogger(newDiscard())}
+	serve(t, idempotency.Idempotent(nil, opts...)(c.handle))
+	srv := httptest.NewServer(idempotency.PushHandler(nil, c.handle, opts...))
+	defer srv.Close()
+	t.Setenv(idempotency.DisableEnv, "")
+	if code, _ := post(t, "eventarc_binary"); code != http.StatusInternalServerError || !strings.Contains(fmt.Sprint(returned()), "nil backend") {
+		t.Fatalf("framework: HTTP %d (%v), want 500 naming the nil backend", code, returned())
+	}
+	if code := pushTo(t, srv.URL, "eventarc_binary"); code != http.StatusInternalServerError || c.runs() != 0 {
+		t.Fatalf("PushHandler: HTTP %d, runs %d; want 500 and no run", code, c.runs())
+	}
+}
+
+// BenchmarkIdempotentDirect calls a wrapped handler directly (no HTTP) on
+// the fake store: a duplicate (one Claim) and a fresh key (Claim and
+// Complete). It measures the wrapper's own per-delivery cost, such as
+// reading the disable switch.
+func BenchmarkIdempotentDirect(b *testing.B) {
+	for _, fresh := range []bool{false, true} {
+		b.Run(fmt.Sprint("fresh=", fresh), func(b *testing.B) {
+			h := idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet))(noop)
+			events := make([]cloudevents.Event, 1024)
+			for i := range events {
+				id := fmt.Sprint(i)
+				events[i] = cloudevents.NewEvent()
+				events[i].SetID(id)
+				events[i].SetSource("//pubsub.googleapis.com/projects/p/topics/t")
+				events[i].SetType(idempotency.PubSubEventType)
+				events[i].SetData(cloudevents.ApplicationJSON, map[string]any{"message": map[string]any{"messageId": id}})
+			}
+			h(b.Context(), events[0])
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				e := events[0]
+				if fresh {
+					i++
+					e.SetID(fmt.Sprint("f", i))
+				}
+				if err := h(b.Context(), e); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDisableSwitchRead is what reading the disable switch costs on
+// every delivery.
+func BenchmarkDisableSwitchRead(b *testing.B) {
+	for b.Loop() {
+		if idempotency.Disabled() {
+			b.Fatal("disabled")
+		}
 	}
 }

@@ -20,6 +20,8 @@ import (
 // before any backend call: a key with a NUL byte, or longer than
 // [store.MaxKeyLen], is refused. The KeyFuncs of this package return such
 // an error themselves (wrapping store.ErrInvalidKey) rather than the key.
+// With [WithHashedKeys], Idempotent stores such a key hashed instead, the
+// KeyFuncs' ones included.
 //
 // The key decides what counts as a duplicate. MessageID catches
 // redeliveries of one publish; a business key ([Attribute], [JSONField], or a
@@ -43,10 +45,10 @@ func messageID(e event.Event) (string, error) {
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(e.Data(), &w); err != nil {
-		return "", fmt.Errorf("%w: event %q data is not a Pub/Sub JSON envelope: %v", ErrMalformedEvent, e.ID(), err)
+		return "", fmt.Errorf("%w: event %q data is not a Pub/Sub JSON envelope%s: %v", ErrMalformedEvent, e.ID(), otherKeyHint(e), err)
 	}
 	if w.Message == nil {
-		return "", fmt.Errorf("%w: event %q data has no \"message\" object", ErrMalformedEvent, e.ID())
+		return "", fmt.Errorf("%w: event %q data has no \"message\" object%s", ErrMalformedEvent, e.ID(), otherKeyHint(e))
 	}
 	id := firstNonEmpty(w.Message.MessageID, w.Message.MessageIDAlt)
 	if id == "" && e.Type() == PubSubEventType {
@@ -55,16 +57,37 @@ func messageID(e event.Event) (string, error) {
 	return checkedKey(id, "messageId", e)
 }
 
-// checkedKey returns key, or an error wrapping store.ErrInvalidKey when the
-// port would refuse it. An empty key stays empty: the event is unkeyed.
+// checkedKey returns key, or a *refusedKeyError (wrapping
+// store.ErrInvalidKey) when the port would refuse it. An empty key stays
+// empty: the event is unkeyed.
 func checkedKey(key, what string, e event.Event) (string, error) {
 	if key == "" {
 		return "", nil
 	}
 	if err := store.ValidateKey(key); err != nil {
-		return "", fmt.Errorf("idempotency: event %q: %s is not a usable key: %w", e.ID(), what, err)
+		return "", &refusedKeyError{key: key, err: fmt.Errorf("idempotency: event %q: %s is not a usable key (WithHashedKeys stores such keys hashed): %w", e.ID(), what, err)}
 	}
 	return key, nil
+}
+
+// refusedKeyError is a KeyFunc's refusal of a key the port would refuse.
+// It keeps the key, which WithHashedKeys stores hashed instead.
+type refusedKeyError struct {
+	key string
+	err error
+}
+
+func (e *refusedKeyError) Error() string { return e.err.Error() }
+
+func (e *refusedKeyError) Unwrap() error { return e.err }
+
+// otherKeyHint names, for an event that is not of PubSubEventType, the
+// option that keys it: MessageID reads only Pub/Sub messages.
+func otherKeyHint(e event.Event) string {
+	if e.Type() == PubSubEventType {
+		return ""
+	}
+	return fmt.Sprintf(" (type %q is not a Pub/Sub message: key it with WithKey and a KeyFunc that reads it)", e.Type())
 }
 
 // Attribute keys an event by the Pub/Sub message attribute name. A message

@@ -172,7 +172,8 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	if err := cfg.validate(); err != nil {
 		return false, fmt.Errorf(errPrefix+" %w", err)
 	}
-	res, err := b.Claim(ctx, key, cfg.lease)
+	lease, fromDeadline := cfg.leaseFor(ctx)
+	res, err := b.Claim(ctx, key, lease)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: claim %q: %w", key, err)
 	}
@@ -190,7 +191,16 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	}
 	c := res.Claim
 	log := cfg.log()
-	if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) && cfg.heartbeat == 0 {
+	if fromDeadline {
+		// This delivery's lease, which renewals extend by, and a heartbeat
+		// that ticks at least three times within it.
+		d := *cfg
+		d.lease = lease
+		if d.heartbeat > lease/3 {
+			d.heartbeat = max(lease/3, time.Millisecond)
+		}
+		cfg = &d
+	} else if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) && cfg.heartbeat == 0 {
 		log.WarnContext(ctx, "idempotency: the request may outlive its lease; raise the lease above the request timeout, or use WithHeartbeat",
 			"key", key, "lease", cfg.lease, "deadline_in", time.Until(dl).Round(time.Second))
 	}
@@ -242,6 +252,34 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
 	}
 	return true, nil
+}
+
+// leaseFor returns the lease to claim with on ctx, and whether it was
+// sized from ctx's deadline (see WithLeaseFromDeadline): the time left
+// until the deadline (none when it has passed) + the settle timeout +
+// the margin, saturating rather than overflowing for a far deadline.
+func (c *lockConfig) leaseFor(ctx context.Context) (time.Duration, bool) {
+	if !c.fromDeadline {
+		return c.lease, false
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return c.lease, false
+	}
+	now := time.Now
+	if c.now != nil {
+		now = c.now
+	}
+	return addSat(addSat(max(dl.Sub(now()), 0), c.settle), c.margin), true
+}
+
+// addSat returns a + b for b >= 0, or the longest duration when the sum
+// overflows.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // heartbeat renews *c every cfg.heartbeat until the returned stop is

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
@@ -790,6 +794,208 @@ func TestLockSettleRetryAfterALostReplyFindsItsOwnEffect(t *testing.T) {
 		runs := 0
 		if err := idempotency.Lock(t.Context(), s, "m", func(context.Context) error { runs++; return nil }); err != nil || runs != 1 {
 			t.Fatalf("redelivery: %v, runs %d; want nil and 1 run", err, runs)
+		}
+	})
+}
+
+// leaseRecorder is a fake store that records the lease of every Claim.
+type leaseRecorder struct {
+	*fake.Store
+	mu     sync.Mutex
+	leases []time.Duration
+}
+
+func (r *leaseRecorder) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	r.mu.Lock()
+	r.leases = append(r.leases, lease)
+	r.mu.Unlock()
+	return r.Store.Claim(ctx, key, lease)
+}
+
+// last is the lease of the latest Claim.
+func (r *leaseRecorder) last(t *testing.T) time.Duration {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.leases) == 0 {
+		t.Fatal("no Claim")
+	}
+	return r.leases[len(r.leases)-1]
+}
+
+// deadlineClock is a fake store and clock that start at a real instant,
+// so that a context deadline measured on the clock is a live one.
+func deadlineClock(t *testing.T) (*leaseRecorder, *fake.Clock, time.Time) {
+	t.Helper()
+	start := time.Now().Truncate(time.Second)
+	clock := fake.NewClock(start)
+	return &leaseRecorder{Store: fake.New(fake.WithClock(clock.Now))}, clock, start
+}
+
+// WithLeaseFromDeadline: the lease is the time left until ctx's deadline,
+// by the injected clock, + the settle timeout + the margin; without a
+// deadline it is WithLease's. It is never shorter than the time left,
+// never non-positive, and saturates for a far deadline.
+func TestLeaseFromDeadlineIsTheTimeLeftPlusSettlePlusMargin(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		deadline time.Duration // from start; 0: none, -1: in 400 years
+		now      time.Duration // the injected clock, from start
+		opts     []idempotency.LockOption
+		want     time.Duration
+	}{
+		{name: "30s left", deadline: 30 * time.Second, want: 45 * time.Second},
+		{name: "deadline beyond WithLease", deadline: time.Hour, opts: []idempotency.LockOption{idempotency.WithLease(15 * time.Minute)},
+			want: time.Hour + 15*time.Second},
+		{name: "no deadline", opts: []idempotency.LockOption{idempotency.WithLease(2 * time.Minute)}, want: 2 * time.Minute},
+		{name: "deadline passed", deadline: time.Hour, now: time.Hour + time.Minute, want: 15 * time.Second},
+		{name: "own settle, no margin", deadline: 30 * time.Second, opts: []idempotency.LockOption{
+			idempotency.WithSettleTimeout(time.Second), idempotency.WithLeaseFromDeadline(0)}, want: 31 * time.Second},
+		{name: "far deadline saturates", deadline: -1, want: math.MaxInt64}, // 400 years
+	} {
+		for _, verb := range []string{"Lock", "Mutex"} {
+			t.Run(c.name+"/"+verb, func(t *testing.T) {
+				s, clock, start := deadlineClock(t)
+				ctx := t.Context()
+				if c.deadline != 0 {
+					var cancel context.CancelFunc
+					dl := start.Add(c.deadline)
+					if c.deadline < 0 {
+						dl = start.AddDate(400, 0, 0)
+					}
+					ctx, cancel = context.WithDeadline(ctx, dl)
+					defer cancel()
+				}
+				clock.Set(start.Add(c.now))
+				opts := append([]idempotency.LockOption{idempotency.WithNow(clock.Now), idempotency.WithLeaseFromDeadline(5 * time.Second)}, c.opts...)
+				call := idempotency.Lock
+				if verb == "Mutex" {
+					call = idempotency.Mutex
+				}
+				var expiry time.Time
+				if err := call(ctx, s, "k", func(ctx context.Context) error {
+					cl, _ := idempotency.ClaimFrom(ctx)
+					expiry = cl.LeaseExpiry
+					return nil
+				}, opts...); err != nil {
+					t.Fatal(err)
+				}
+				got := s.last(t)
+				if got != c.want || store.ValidateLease(got) != nil {
+					t.Fatalf("lease %v, want %v", got, c.want)
+				}
+				if c.want < time.Hour*24 && !expiry.Equal(clock.Now().Add(c.want)) {
+					t.Fatalf("the claim's lease expiry %v, want %v", expiry, clock.Now().Add(c.want))
+				}
+			})
+		}
+	}
+	if err := idempotency.Lock(t.Context(), fake.New(), "k", func(context.Context) error { return nil },
+		idempotency.WithLeaseFromDeadline(-time.Second)); err == nil || !strings.Contains(err.Error(), "margin") {
+		t.Fatalf("negative margin: %v, want an error", err)
+	}
+}
+
+// crashingStore claims on the fake store, and then the process dies: its
+// Complete and Release never reach the store.
+type crashingStore struct{ *fake.Store }
+
+func (crashingStore) Complete(context.Context, store.Claim) (bool, error) { return true, nil }
+func (crashingStore) Release(context.Context, store.Claim) error          { return nil }
+
+// A holder that crashed with a lease sized from its 30s deadline frees its
+// key 30s + settle + margin after it claimed, not after store.DefaultLease.
+func TestLeaseFromDeadlineFreesACrashedHoldersKeySoonAfterTheTimeout(t *testing.T) {
+	for _, fromDeadline := range []bool{true, false} {
+		t.Run(fmt.Sprint("from deadline ", fromDeadline), func(t *testing.T) {
+			s, clock, start := deadlineClock(t)
+			opts := []idempotency.Option{idempotency.WithNow(clock.Now), idempotency.WithLogger(newDiscard())}
+			want := store.DefaultLease
+			if fromDeadline {
+				opts = append(opts, idempotency.WithLeaseFromDeadline(5*time.Second))
+				want = 45 * time.Second
+			}
+			deliver := func(b store.Backend, runs *int) error {
+				ctx, cancel := context.WithDeadline(t.Context(), clock.Now().Add(30*time.Second))
+				defer cancel()
+				return idempotency.Idempotent(b, opts...)(func(context.Context, cloudevents.Event) error {
+					*runs++
+					return nil
+				})(ctx, pubsubEvent(t, "m-1", map[string]any{"messageId": "m-1"}))
+			}
+			var crashed, runs int
+			if err := deliver(crashingStore{s.Store}, &crashed); err != nil || crashed != 1 {
+				t.Fatalf("the holder: %v, runs %d", err, crashed)
+			}
+			clock.Set(start.Add(want - time.Nanosecond))
+			var ip *idempotency.InProgressError
+			if err := deliver(s, &runs); !errors.As(err, &ip) || !ip.Until.Equal(start.Add(want)) || runs != 0 {
+				t.Fatalf("redelivery within the lease: %v, runs %d; want in progress until %v", err, runs, start.Add(want))
+			}
+			clock.Set(start.Add(want))
+			if err := deliver(s, &runs); err != nil || runs != 1 {
+				t.Fatalf("redelivery once the lease lapsed: %v, runs %d; want it to run", err, runs)
+			}
+			if rec, _ := s.Record("m-1"); rec.State != store.Done || rec.Fence != 2 {
+				t.Fatalf("record %+v, want done at fence 2", rec)
+			}
+		})
+	}
+}
+
+// A body that ignores its context and outlives a lease sized from the
+// deadline: without a heartbeat a redelivery takes the key and runs the
+// work again (the late Complete is fenced out, logged, acked); with one,
+// renewals by this delivery's lease, at a third of it, keep the key.
+func TestLeaseFromDeadlineBodyThatOutlivesItsLease(t *testing.T) {
+	t.Run("no heartbeat: a redelivery runs it again", func(t *testing.T) {
+		s, clock, start := deadlineClock(t)
+		l, logger := newLogs()
+		ctx, cancel := context.WithDeadline(t.Context(), start.Add(30*time.Second))
+		defer cancel()
+		opts := []idempotency.LockOption{idempotency.WithNow(clock.Now), idempotency.WithLeaseFromDeadline(5 * time.Second), idempotency.WithLogger(logger)}
+		sends := 0
+		err := idempotency.Lock(ctx, s, "k", func(context.Context) error {
+			sends++
+			clock.Set(start.Add(45 * time.Second)) // ignored the deadline, past the lease
+			if err := idempotency.Lock(t.Context(), s, "k", func(context.Context) error { sends++; return nil }, opts...); err != nil {
+				t.Errorf("redelivery: %v", err)
+			}
+			return nil
+		}, opts...)
+		if err != nil || sends != 2 || len(l.find(t, "ERROR", "fenced out")) != 1 {
+			t.Fatalf("err %v, sends %d, logs %v; want an ack, two sends and one fenced-out error", err, sends, l.records(t))
+		}
+	})
+	t.Run("heartbeat: the key stays held", func(t *testing.T) {
+		s, clock, start := deadlineClock(t)
+		ctx, cancel := context.WithDeadline(t.Context(), start.Add(time.Hour))
+		defer cancel()
+		// The injected clock is past the deadline: the lease is settle +
+		// margin = 30ms, and the configured 1m heartbeat ticks at 10ms.
+		clock.Set(start.Add(time.Hour + time.Minute))
+		err := idempotency.Lock(ctx, s.Store, "k", func(ctx context.Context) error {
+			for range 12 { // 240ms of work on a 30ms lease
+				clock.Advance(20 * time.Millisecond)
+				waitExtends(t, s.Store, 1)
+			}
+			if rec, _ := s.Record("k"); rec.LeaseExpiry.After(clock.Now().Add(30 * time.Millisecond)) {
+				t.Errorf("renewed to %v, past this delivery's lease from %v", rec.LeaseExpiry, clock.Now())
+			}
+			if err := idempotency.Lock(t.Context(), s, "k", func(context.Context) error {
+				t.Error("a redelivery took the key from live work")
+				return nil
+			}); !errors.Is(err, idempotency.ErrInProgress) {
+				t.Errorf("redelivery during the work: %v, want ErrInProgress", err)
+			}
+			return nil
+		}, idempotency.WithNow(clock.Now), idempotency.WithLeaseFromDeadline(0), idempotency.WithSettleTimeout(30*time.Millisecond),
+			idempotency.WithLease(3*time.Minute), idempotency.WithHeartbeat(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec, _ := s.Record("k"); rec.State != store.Done || rec.Fence != 1 {
+			t.Fatalf("record %+v, want done with fence 1", rec)
 		}
 	})
 }

@@ -40,6 +40,7 @@ type config struct {
 	prefix    string
 	unguarded bool
 	onDup     func(context.Context, string) error
+	hashKeys  bool
 }
 
 // newConfig returns the defaults with opts applied, in order.
@@ -71,6 +72,14 @@ type lockConfig struct {
 	settle    time.Duration
 	heartbeat time.Duration
 	logger    *slog.Logger
+
+	// fromDeadline sizes each claim's lease from ctx's deadline (see
+	// WithLeaseFromDeadline), with margin on top.
+	fromDeadline bool
+	margin       time.Duration
+	// now reads the clock against which ctx's deadline is measured; nil
+	// means time.Now. Tests inject one.
+	now func() time.Time
 }
 
 // newLockConfig returns the defaults with opts applied, in order.
@@ -100,6 +109,9 @@ func (c *lockConfig) validate() error {
 	}
 	if c.heartbeat < 0 || (c.heartbeat > 0 && c.heartbeat >= c.lease) {
 		return fmt.Errorf("heartbeat %v must be positive and shorter than the lease %v", c.heartbeat, c.lease)
+	}
+	if c.margin < 0 {
+		return fmt.Errorf("lease margin %v is negative", c.margin)
 	}
 	return nil
 }
@@ -213,4 +225,69 @@ func WithSettleTimeout(d time.Duration) LockOption {
 // backend without Extend, the option is ignored with a warning.
 func WithHeartbeat(interval time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.heartbeat = interval })
+}
+
+// WithLeaseFromDeadline sizes each claim's lease from the deadline of the
+// context the claim is made on, instead of the fixed lease of [WithLease]:
+// the time left until the deadline, plus the settle timeout (the Complete
+// after a body that returned at the deadline may take that long; see
+// [WithSettleTimeout]), plus margin. The functions framework puts such a
+// deadline on every request when CLOUD_RUN_TIMEOUT_SECONDS is set, as the
+// Cloud Run functions runtime sets it (to the function's timeout), so the
+// key of a holder that crashed frees soon after the function's timeout
+// instead of after the 15 minutes of [store.DefaultLease], during which
+// every redelivery is a 503 that Pub/Sub counts against the
+// subscription's max delivery attempts. On a context without a deadline,
+// the lease is the one WithLease sets (by default store.DefaultLease).
+//
+// The lease is never shorter than the time the body may still
+// legitimately run (its context is live until the deadline), and it is
+// longer than WithLease's when the deadline is further away: WithLease is
+// only the fallback. A deadline already past gives settle timeout +
+// margin, which is positive, as [store.ValidateLease] requires.
+//
+// margin covers what the deadline does not: a body that takes a moment to
+// return once its context ends, and, on backends that judge leases by
+// each instance's own clock, the skew between instances. It must not be
+// negative: [Lock] and [Mutex] return an error, and [Idempotent] panics.
+//
+// A body that ignores its context and runs past the deadline outlives
+// this lease. Pub/Sub redelivers the message (Cloud Run answers 504 at
+// the timeout, and the push's ack deadline passes), the redelivery takes
+// the lapsed key with a higher fence and runs the work a second time
+// beside the late body, whose Complete is then fenced out (logged at
+// ERROR, and acked). [WithHeartbeat] covers such a body: its renewals
+// extend the lease by this delivery's lease for as long as the body runs,
+// past the deadline too, at the configured interval or at a third of this
+// delivery's lease when that is shorter; the key of a holder that crashed
+// then frees one such lease after its last renewal. This option is not
+// the default because of that body: with the fixed lease it has 15
+// minutes beyond a short timeout before a redelivery can run it again.
+func WithLeaseFromDeadline(margin time.Duration) LockOption {
+	return lockOption(func(c *lockConfig) { c.fromDeadline, c.margin = true, margin })
+}
+
+// HashedKeyPrefix starts every key that [WithHashedKeys] hashes (after
+// the [WithKeyPrefix] prefix): "sha256:" and 64 lowercase hex digits.
+const HashedKeyPrefix = "sha256:"
+
+// WithHashedKeys stores a key that the port refuses (longer than
+// [store.MaxKeyLen] bytes once prefixed, or holding a NUL byte) as
+// [HashedKeyPrefix] followed by the hex SHA-256 of the key, behind the
+// [WithKeyPrefix] prefix, instead of refusing the event with a 400 that
+// Pub/Sub redelivers until the dead-letter topic takes it. A key the port
+// accepts is stored as it is, except one that itself starts with
+// HashedKeyPrefix, which is hashed too: so no key that was stored plainly
+// can ever meet the hash of another, and two different keys share a record
+// only if SHA-256 collides.
+//
+// Hashing only the keys the port refuses, rather than all, keeps every key
+// that was storable before spelled as before: turning the option on
+// changes no record a pending redelivery could find (a plain key starting
+// with "sha256:" is the one exception), and the stored keys stay readable.
+// It applies to the keys of [MessageID], [Attribute], [JSONField] and any
+// [KeyFunc] that returns the key itself; an error a KeyFunc of your own
+// returns is not a key and still nacks.
+func WithHashedKeys() Option {
+	return option(func(c *config) { c.hashKeys = true })
 }
