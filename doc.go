@@ -52,14 +52,19 @@
 // Only the guard's own outcomes ack. A handler's error is a failure even
 // when it wraps [ErrDuplicate] (a nested Lock's), and it keeps a cloudevents
 // HTTP result's status only when that is a 4xx or 5xx: any status that
-// Pub/Sub would take as an ack becomes a 500. docs/bad-input.md lists what
-// every hostile input gets.
+// Pub/Sub would take as an ack becomes a 500. A key the port refuses
+// (over [store.MaxKeyLen] bytes, or with a NUL byte) is a 400 unless
+// [WithHashedKeys] stores it hashed. docs/bad-input.md lists what every
+// hostile input gets.
 //
 // # Invariants to size for
 //
 //  1. The lease must exceed the longest run of the guarded work; otherwise a
 //     redelivery may take the key over while the work still runs. Work of
 //     unbounded length can renew its lease with [WithHeartbeat].
+//     [WithLeaseFromDeadline] sizes it per request from the context's
+//     deadline, so that a crashed holder's key frees soon after the
+//     function's timeout.
 //  2. Lease + ttl must exceed the longest life of a holder process (Cloud
 //     Run: the request timeout, at most 60 minutes), so that a record
 //     outlives every holder and fences keep rising instead of restarting.
