@@ -2,12 +2,14 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -579,5 +582,46 @@ func TestPushHandlerUnwrappedAttributeKeyNeedsTheAttributeNamed(t *testing.T) {
 	code, msg := serveOnce(ph, unwrapped("{}", metadata("m-1")))
 	if code != http.StatusBadRequest || h.runs() != 0 || !strings.Contains(msg, "only when WithUnwrappedPush names it") {
 		t.Fatalf("HTTP %d %q, runs %d; want a 400 naming the option", code, msg, h.runs())
+	}
+}
+
+// BenchmarkPushHandlerShapes: one fresh delivery per iteration through
+// PushHandler on the fake store, as a wrapped envelope, as an unwrapped
+// push with write-metadata (WithUnwrappedPush), and as an envelope behind
+// WithPushAuth with a verifier that accepts at once (the option's own cost,
+// not a token check's: pushauth's is measured in its module).
+func BenchmarkPushHandlerShapes(b *testing.B) {
+	data := `{"order":{"id":"PO-1","qty":3}}`
+	envelope := func(id string) *http.Request {
+		body := `{"message":{"messageId":"` + id + `","data":"` + base64.StdEncoding.EncodeToString([]byte(data)) +
+			`","attributes":{"po_id":"PO-1"}},"subscription":"projects/p/subscriptions/s"}`
+		return unwrapped(body, map[string][]string{"Content-Type": {"application/json"}})
+	}
+	ok := func(context.Context, cloudevents.Event) error { return nil }
+	shapes := []struct {
+		name string
+		opts []idempotency.Option
+		req  func(id string) *http.Request
+	}{
+		{"envelope", nil, envelope},
+		{"unwrapped", []idempotency.Option{idempotency.WithUnwrappedPush("po_id")}, func(id string) *http.Request {
+			return unwrapped(data, metadata(id))
+		}},
+		{"envelope+WithPushAuth", []idempotency.Option{idempotency.WithPushAuth(func(*http.Request) error { return nil })}, envelope},
+	}
+	for _, sh := range shapes {
+		b.Run(sh.name, func(b *testing.B) {
+			s := fake.New()
+			ph := idempotency.PushHandler(s, ok, append([]idempotency.Option{idempotency.WithLogger(newDiscard())}, sh.opts...)...)
+			i := 0
+			for b.Loop() {
+				i++
+				w := httptest.NewRecorder()
+				ph.ServeHTTP(w, sh.req(strconv.Itoa(i)))
+				if w.Code != http.StatusNoContent {
+					b.Fatalf("HTTP %d %s", w.Code, w.Body)
+				}
+			}
+		})
 	}
 }
