@@ -5,9 +5,10 @@
 //	HandleOrder          orders from a Pub/Sub topic, each sent to the supplier once
 //	HandleStatusUpdate   status updates, every one applied, never two at once per order
 //
-// See package orders for the configuration. Deploy it from the directory
-// `make function-source` writes (this package, a go.mod of its own and a
-// vendor directory); the README has the commands.
+// See package orders for the configuration: on Cloud Run the instance
+// refuses to start rather than guard with a store of its own. Deploy it
+// from the directory `make function-source` writes (this package, a go.mod
+// of its own and a vendor directory); the README has the commands.
 package function
 
 import (
@@ -33,8 +34,7 @@ func init() {
 		// repeat side effects.
 		log.Fatal(err)
 	}
-	functions.CloudEvent("HandleOrder",
-		idempotency.Idempotent(backend, orders.OrderOptions(lease)...)(orders.HandleOrder))
-	functions.CloudEvent("HandleStatusUpdate",
-		idempotency.Idempotent(backend, orders.StatusOptions(lease)...)(orders.HandleStatusUpdate(backend, lease)))
+	for name, fn := range orders.Functions(backend, lease) {
+		functions.CloudEvent(name, fn)
+	}
 }

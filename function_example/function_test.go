@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -69,4 +70,32 @@ func post(t *testing.T, url, fixture string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// The function's instance, started as the buildpack's main starts it (the
+// package's init, here the test binary's, running no test), on Cloud Run
+// (K_SERVICE set): without a store to share it fails to start, saying what
+// to set, rather than serve on an in-memory store of its own.
+func TestFunctionOnCloudRunRefusesToStartWithoutASharedStore(t *testing.T) {
+	down := httptest.NewServer(http.NotFoundHandler())
+	metadataHost := strings.TrimPrefix(down.URL, "http://")
+	down.Close() // nothing answers there: no metadata server
+	base := []string{"K_SERVICE=orders", "GCE_METADATA_HOST=" + metadataHost, "IDEMPOTENCY_BACKEND=", "REDIS_ADDR=",
+		"POSTGRES_DSN=", "GOOGLE_CLOUD_PROJECT=", "DATASTORE_PROJECT_ID=", "IDEMPOTENCY_ALLOW_MEMORY_ON_CLOUD_RUN="}
+	for _, c := range []struct {
+		env   []string
+		start bool
+		say   string
+	}{
+		{nil, false, "set GOOGLE_CLOUD_PROJECT"},
+		{[]string{"IDEMPOTENCY_BACKEND=memory"}, false, "IDEMPOTENCY_ALLOW_MEMORY_ON_CLOUD_RUN=true"},
+		{[]string{"IDEMPOTENCY_BACKEND=memory", "IDEMPOTENCY_ALLOW_MEMORY_ON_CLOUD_RUN=true"}, true, "IDEMPOTENCY_BACKEND=memory on Cloud Run"},
+	} {
+		cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^$")
+		cmd.Env = append(append(os.Environ(), base...), c.env...)
+		out, err := cmd.CombinedOutput()
+		if started := err == nil; started != c.start || !strings.Contains(string(out), c.say) {
+			t.Errorf("%q: started %v (%v), want %v, saying %q; output:\n%s", c.env, started, err, c.start, c.say, out)
+		}
+	}
 }

@@ -2,13 +2,16 @@
 // that must send each order to a supplier once, and a status-update handler
 // whose read-modify-writes of one order must never interleave.
 //
-// Configuration, from the environment:
+// Configuration, from the environment (see [Env.Choose] for the rules):
 //
 //	IDEMPOTENCY_BACKEND    where the records live: datastore, redis, postgres
 //	                       or memory. Unset: the one the variables below
 //	                       configure (REDIS_ADDR, else POSTGRES_DSN, else a
 //	                       project for Datastore, else memory); setting both
 //	                       REDIS_ADDR and POSTGRES_DSN without it is an error.
+//	                       On Cloud Run (K_SERVICE set) never memory: without
+//	                       a project variable, Datastore in the project the
+//	                       metadata server names, or no start at all
 //	REDIS_ADDR             redis: host:port of Redis or Memorystore, several
 //	                       comma-separated for a Redis Cluster, or a
 //	                       redis:// (rediss://) URL with credentials
@@ -20,6 +23,9 @@
 //	GOOGLE_CLOUD_PROJECT   datastore: the project whose Datastore keeps the
 //	                       records (or DATASTORE_PROJECT_ID;
 //	                       DATASTORE_EMULATOR_HOST points it at an emulator)
+//	IDEMPOTENCY_ALLOW_MEMORY_ON_CLOUD_RUN
+//	                       true lets IDEMPOTENCY_BACKEND=memory start on Cloud
+//	                       Run, for a deployment that accepts duplicates
 //	IDEMPOTENCY_LEASE      the lease, as a Go duration (default 15m); it must
 //	                       exceed the longest run of a handler
 //	SUPPLIER_URL           the supplier's base URL; unset: orders are only logged
@@ -31,9 +37,7 @@ package orders
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -41,162 +45,13 @@ import (
 	"net/url"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
-	"github.com/redis/go-redis/v9"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
-	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/redislock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
 )
-
-// Setup reads the configuration and builds the backend: what both the
-// function and the Cloud Run service do at start-up.
-func Setup(ctx context.Context) (store.Backend, time.Duration, error) {
-	lease, err := Lease()
-	if err != nil {
-		return nil, 0, err
-	}
-	b, err := Backend(ctx)
-	if err != nil {
-		return nil, 0, fmt.Errorf("idempotency backend: %w", err)
-	}
-	return b, lease, nil
-}
-
-// Backend builds the backend the environment chooses (see the package
-// documentation): Datastore, Redis, PostgreSQL or the in-memory store.
-func Backend(ctx context.Context) (store.Backend, error) {
-	kind, err := BackendKind()
-	if err != nil {
-		return nil, err
-	}
-	switch kind {
-	case "redis":
-		return redisBackend(ctx, os.Getenv("REDIS_ADDR"))
-	case "postgres":
-		return postgresBackend(ctx, os.Getenv("POSTGRES_DSN"))
-	case "datastore":
-		return datastorelock.Dial(ctx, "")
-	}
-	if os.Getenv("K_SERVICE") != "" {
-		slog.Warn("no backend configured: using the in-memory store, which does not de-duplicate across instances")
-	}
-	return fake.New(), nil
-}
-
-// BackendKind returns the backend the environment chooses: "datastore",
-// "redis", "postgres" or "memory". It fails on an unknown
-// IDEMPOTENCY_BACKEND, on one whose settings are missing, and on an
-// ambiguous environment (REDIS_ADDR and POSTGRES_DSN both set without
-// IDEMPOTENCY_BACKEND).
-func BackendKind() (string, error) {
-	redisAddr, dsn := os.Getenv("REDIS_ADDR"), os.Getenv("POSTGRES_DSN")
-	project := os.Getenv("GOOGLE_CLOUD_PROJECT") != "" || os.Getenv("DATASTORE_PROJECT_ID") != ""
-	switch kind := os.Getenv("IDEMPOTENCY_BACKEND"); kind {
-	case "":
-		switch {
-		case redisAddr != "" && dsn != "":
-			return "", errors.New("both REDIS_ADDR and POSTGRES_DSN are set: choose one with IDEMPOTENCY_BACKEND=redis or postgres")
-		case redisAddr != "":
-			return "redis", nil
-		case dsn != "":
-			return "postgres", nil
-		case project:
-			return "datastore", nil
-		}
-		return "memory", nil
-	case "redis":
-		if redisAddr == "" {
-			return "", errors.New("IDEMPOTENCY_BACKEND=redis needs REDIS_ADDR")
-		}
-		return kind, nil
-	case "postgres":
-		if dsn == "" {
-			return "", errors.New("IDEMPOTENCY_BACKEND=postgres needs POSTGRES_DSN")
-		}
-		return kind, nil
-	case "datastore":
-		if !project {
-			return "", errors.New("IDEMPOTENCY_BACKEND=datastore needs GOOGLE_CLOUD_PROJECT or DATASTORE_PROJECT_ID")
-		}
-		return kind, nil
-	case "memory":
-		return kind, nil
-	default:
-		return "", fmt.Errorf("IDEMPOTENCY_BACKEND=%q: want datastore, redis, postgres or memory", kind)
-	}
-}
-
-// startupTimeout bounds the I/O a backend does at start-up.
-const startupTimeout = 30 * time.Second
-
-// redisBackend connects to REDIS_ADDR and checks that Redis answers.
-func redisBackend(ctx context.Context, addr string) (store.Backend, error) {
-	var client redis.UniversalClient
-	if strings.HasPrefix(addr, "redis://") || strings.HasPrefix(addr, "rediss://") {
-		opt, err := redis.ParseURL(addr)
-		if err != nil {
-			return nil, fmt.Errorf("REDIS_ADDR: %w", err)
-		}
-		client = redis.NewClient(opt)
-	} else {
-		// One address: a single node; several: a Cluster.
-		client = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: strings.Split(addr, ",")})
-	}
-	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
-	defer cancel()
-	if err := client.Ping(ctx).Err(); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("redis at %s: %w", addr, err)
-	}
-	return redislock.New(client)
-}
-
-// postgresMaxConns caps each instance's connections, so a fleet of
-// instances stays within the server's max_connections.
-const postgresMaxConns = 10
-
-// postgresBackend opens POSTGRES_DSN and creates the table if missing.
-func postgresBackend(ctx context.Context, dsn string) (store.Backend, error) {
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("POSTGRES_DSN: %w", err)
-	}
-	db.SetMaxOpenConns(postgresMaxConns)
-	db.SetMaxIdleConns(postgresMaxConns)
-	b, err := sqllock.New(db, sqllock.Postgres)
-	if err != nil {
-		db.Close()
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, startupTimeout)
-	defer cancel()
-	if err := b.EnsureSchema(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("postgres: creating the table: %w", err)
-	}
-	return b, nil
-}
-
-// Lease returns IDEMPOTENCY_LEASE, or store.DefaultLease.
-func Lease() (time.Duration, error) {
-	v := os.Getenv("IDEMPOTENCY_LEASE")
-	if v == "" {
-		return store.DefaultLease, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("IDEMPOTENCY_LEASE=%q is not a positive duration", v)
-	}
-	return d, nil
-}
 
 // OrderOptions guard HandleOrder: keyed by the order id (attribute po_id),
 // so a redelivery, a second subscription and a producer's republish all
@@ -244,6 +99,16 @@ func HandleOrder(ctx context.Context, e cloudevents.Event) error {
 		"Idempotency-Key": claim.Key,
 		"X-Fence":         strconv.FormatInt(claim.Fence, 10),
 	}, nil)
+}
+
+// Functions returns the example's two CloudEvent functions by the names
+// they are registered under with the functions framework, HandleOrder and
+// HandleStatusUpdate, each guarded by [idempotency.Idempotent] over b.
+func Functions(b store.Backend, lease time.Duration) map[string]idempotency.CloudEventFunc {
+	return map[string]idempotency.CloudEventFunc{
+		"HandleOrder":        idempotency.Idempotent(b, OrderOptions(lease)...)(HandleOrder),
+		"HandleStatusUpdate": idempotency.Idempotent(b, StatusOptions(lease)...)(HandleStatusUpdate(b, lease)),
+	}
 }
 
 // StatusOptions guard HandleStatusUpdate by messageId: the same update
