@@ -26,9 +26,11 @@ check:
 	go run $(STATICCHECK) $(ALL)
 
 # The example function on the in-memory store: one order delivered three
-# times, sent to the supplier once.
+# times, sent to the supplier once. The in-memory store whatever the
+# environment says (an exported GOOGLE_CLOUD_PROJECT, REDIS_ADDR, ...): a
+# real one only by cmd/local's -backend flag.
 demo:
-	go run ./function_example/cmd/local
+	go run ./function_example/cmd/local -backend=memory
 
 # The end-to-end scenarios and the crash storm alone (also part of make test).
 e2e: services
