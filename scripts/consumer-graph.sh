@@ -34,7 +34,7 @@ check() { # name, forbidden-regexp, packages...
 	{
 		printf 'module example.com/consumer\n\ngo 1.26\n\nrequire %s v0.0.0-00010101000000-000000000000\n' "$M"
 		printf 'replace %s => %s\n' "$M" "$root"
-		for b in datastorelock redislock sqllock; do
+		for b in datastorelock firestorelock redislock sqllock; do
 			printf 'replace %s/store/%s => %s/store/%s\n' "$M" "$b" "$root" "$b"
 		done
 		printf 'replace %s/pushauth => %s/pushauth\n' "$M" "$root"
@@ -66,4 +66,5 @@ check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|mod
 check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
 check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"
+check firestorelock "$drivers|cloud.google.com/go/datastore" "$M" "$M/store/firestorelock"
 exit $rc

@@ -1,0 +1,366 @@
+package firestorelock_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "cloud.google.com/go/firestore/apiv1/firestorepb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+)
+
+// The scaffolding the package's tests share: the backends they build on
+// the emulator, the faults they inject, the clocks they drive.
+
+const project = "idempotency-test"
+
+func TestMain(m *testing.M) {
+	if testsvc.IsRaceChild() {
+		os.Exit(raceChild())
+	}
+	code := m.Run()
+	testsvc.StopAll()
+	os.Exit(code)
+}
+
+// raceChild builds the backend a race child claims on, with Dial and the
+// environment the parent passes (FIRESTORE_EMULATOR_HOST).
+func raceChild() int {
+	b, err := firestorelock.Dial(context.Background(), project, firestorelock.WithCollection(os.Getenv("HELPER_COLLECTION")))
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	defer b.Close()
+	return testsvc.RaceChild(b)
+}
+
+// collection returns a collection ID of the test's own.
+func collection() string { return fmt.Sprintf("t%016x", rand.Uint64()) }
+
+// newClock returns a fake clock at the instant the tests start from.
+func newClock() *fake.Clock { return fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) }
+
+func noop(context.Context) error { return nil }
+
+// rpcs counts the RPCs a backend sends (unary and streaming) and can lose
+// a reply after the server applied the request.
+type rpcs struct {
+	mu    sync.Mutex
+	calls []string
+	// loseNext loses the reply of the next RPC, whatever its method.
+	loseNext atomic.Bool
+	// loseNextCommit loses the reply of the next Commit.
+	loseNextCommit atomic.Bool
+	// dropNextCommit fails the next Commit without sending it.
+	dropNextCommit atomic.Bool
+	lost           atomic.Int32
+	// whileLost, when set, runs after a reply was lost or a request
+	// dropped, before the backend hears of it.
+	whileLost func()
+}
+
+func (r *rpcs) count(method string) string {
+	name := method[strings.LastIndexByte(method, '/')+1:]
+	r.mu.Lock()
+	r.calls = append(r.calls, name)
+	r.mu.Unlock()
+	return name
+}
+
+func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	name := r.count(method)
+	if name == "Commit" && r.dropNextCommit.CompareAndSwap(true, false) {
+		r.lose()
+		return status.Error(codes.Unavailable, "injected: the commit was lost before it reached the server")
+	}
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
+		r.lose()
+		return status.Error(codes.Unavailable, "injected: the request applied but its reply was lost")
+	}
+	return err
+}
+
+func (r *rpcs) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	r.count(method)
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &losingStream{ClientStream: s, r: r}, nil
+}
+
+// losingStream loses a streamed reply when the next reply is set to be
+// lost.
+type losingStream struct {
+	grpc.ClientStream
+	r *rpcs
+}
+
+func (s *losingStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil && s.r.loseNext.CompareAndSwap(true, false) {
+		s.r.lose()
+		return status.Error(codes.Unavailable, "injected: the reply was lost")
+	}
+	return err
+}
+
+// lose counts a lost reply or dropped request and runs whileLost.
+func (r *rpcs) lose() {
+	r.lost.Add(1)
+	if r.whileLost != nil {
+		r.whileLost()
+	}
+}
+
+func (r *rpcs) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.calls
+	r.calls = nil
+	return c
+}
+
+// serverTime stands in for the service's clock so that tests can drive
+// it: it replaces read_time in BatchGetDocuments and RunQuery replies and
+// commit_time in Commit replies with its own clock, read as the request
+// leaves. It leaves update_time alone: that is the documents' version,
+// which preconditions compare, not a clock the backend reads.
+type serverTime func() time.Time
+
+func (now serverTime) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ts := timestamppb.New(now())
+	if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+		return err
+	}
+	if r, ok := reply.(*pb.CommitResponse); ok {
+		r.CommitTime = ts
+	}
+	return nil
+}
+
+func (now serverTime) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	ts := timestamppb.New(now())
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &stampedStream{ClientStream: s, ts: ts}, nil
+}
+
+// stampedStream sets the read_time of every reply to ts.
+type stampedStream struct {
+	grpc.ClientStream
+	ts *timestamppb.Timestamp
+}
+
+func (s *stampedStream) RecvMsg(m any) error {
+	if err := s.ClientStream.RecvMsg(m); err != nil {
+		return err
+	}
+	switch r := m.(type) {
+	case *pb.BatchGetDocumentsResponse:
+		r.ReadTime = s.ts
+	case *pb.RunQueryResponse:
+		if r.ReadTime != nil {
+			r.ReadTime = s.ts
+		}
+	}
+	return nil
+}
+
+// link says how a test backend reaches the emulator.
+type link struct {
+	// server, when set, is the service's clock its replies report
+	// (else the emulator's own, the real time).
+	server func() time.Time
+	// proxy, when set, carries its connections.
+	proxy *testsvc.DropProxy
+}
+
+// dialEmulator opens a gRPC connection to addr (the emulator, or a proxy
+// before it) as a caller of New would, without credentials; t's cleanup
+// closes it.
+func dialEmulator(t testing.TB, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient("passthrough:///"+addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func newBackend(t testing.TB, opts ...firestorelock.Option) (*firestorelock.Backend, *rpcs) {
+	t.Helper()
+	return newBackendVia(t, link{}, opts...)
+}
+
+// newBackendVia builds a backend with New, in a collection of its own
+// (unless opts name one), on a connection of the test's own that counts
+// its RPCs and injects their faults.
+func newBackendVia(t testing.TB, l link, opts ...firestorelock.Option) (*firestorelock.Backend, *rpcs) {
+	t.Helper()
+	addr := testsvc.Firestore(t)
+	r := &rpcs{}
+	unary := []grpc.UnaryClientInterceptor{r.intercept}
+	stream := []grpc.StreamClientInterceptor{r.interceptStream}
+	if l.server != nil {
+		unary = append(unary, serverTime(l.server).intercept)
+		stream = append(stream, serverTime(l.server).interceptStream)
+	}
+	dial := []grpc.DialOption{grpc.WithChainUnaryInterceptor(unary...), grpc.WithChainStreamInterceptor(stream...)}
+	if l.proxy != nil {
+		// Reconnect soon after a cut: gRPC's default backoff after a failed
+		// connection attempt starts at a second, and the suite cuts every
+		// few tens of milliseconds.
+		addr = l.proxy.Addr()
+		dial = append(dial, grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 200 * time.Millisecond},
+			MinConnectTimeout: 2 * time.Second,
+		}))
+	}
+	opts = append([]firestorelock.Option{firestorelock.WithCollection(collection())}, opts...)
+	b, err := firestorelock.New(dialEmulator(t, addr, dial...), project, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, r
+}
+
+// faults implements storetest.Faults: a lost reply is a gRPC interceptor
+// that lets the server apply the request and then reports Unavailable; a
+// cut closes the TCP connections of a DropProxy between the backend and
+// the emulator.
+type faults struct {
+	r *rpcs
+	p *testsvc.DropProxy
+}
+
+func (f faults) LoseNextReply()  { f.r.loseNext.Store(true) }
+func (f faults) CutConnections() { f.p.CutConnections() }
+
+// contractBackend is a backend for the contract suite, reached through a
+// DropProxy, with Faults.
+func contractBackend(t *testing.T, l link, opts ...firestorelock.Option) (*firestorelock.Backend, storetest.Faults) {
+	l.proxy = testsvc.NewDropProxy(t, testsvc.Firestore(t))
+	// More resends than the default: the suite cuts the connections every
+	// few tens of milliseconds, and on a loaded machine the emulator can
+	// take longer than the default's waits (about 300ms in all) to accept
+	// the proxy's next one.
+	opts = append([]firestorelock.Option{firestorelock.WithRetries(10)}, opts...)
+	b, r := newBackendVia(t, l, opts...)
+	return b, faults{r: r, p: l.proxy}
+}
+
+// skew is how far the client clocks of the server-clock tests are off: more
+// than a lease and more than a ttl.
+const skew = 3 * time.Hour
+
+// skewed is a client clock that reads server's time off by d.
+func skewed(server *fake.Clock, d time.Duration) func() time.Time {
+	return func() time.Time { return server.Now().Add(d) }
+}
+
+// Two instances whose clocks are off the server's by skew (hours: more
+// than a lease and more than a ttl), in each direction.
+var skews = []struct {
+	name          string
+	holder, other time.Duration
+}{
+	{"holder_behind_other_ahead", -skew, skew},
+	{"holder_ahead_other_behind", skew, -skew},
+	{"holder_on_time_other_ahead", 0, skew},
+	{"holder_behind_other_on_time", -skew, 0},
+}
+
+// The lease and ttl of the server-clock tests.
+const (
+	scLease = time.Minute
+	scTTL   = 10 * time.Minute
+)
+
+// onServer returns a backend whose replies carry server's time and whose
+// own clock is off it by off.
+func onServer(t *testing.T, server *fake.Clock, coll string, off time.Duration) *firestorelock.Backend {
+	t.Helper()
+	b, _ := newBackendVia(t, link{server: server.Now},
+		firestorelock.WithCollection(coll), firestorelock.WithTTL(scTTL), firestorelock.WithClock(skewed(server, off)))
+	return b
+}
+
+// twoOnServer returns a server clock and two backends on one collection
+// whose replies carry its time, their own clocks off it by holderOff and
+// otherOff.
+func twoOnServer(t *testing.T, holderOff, otherOff time.Duration) (server *fake.Clock, holder, other *firestorelock.Backend) {
+	t.Helper()
+	server = newClock()
+	coll := collection()
+	return server, onServer(t, server, coll, holderOff), onServer(t, server, coll, otherOff)
+}
+
+// eachSkew runs test once for each of skews, as a subtest, on a server
+// clock and two backends whose own clocks are off it that way.
+func eachSkew(t *testing.T, test func(t *testing.T, server *fake.Clock, holder, other *firestorelock.Backend)) {
+	testsvc.Firestore(t)
+	for _, sk := range skews {
+		t.Run(sk.name, func(t *testing.T) {
+			server, holder, other := twoOnServer(t, sk.holder, sk.other)
+			test(t, server, holder, other)
+		})
+	}
+}
+
+// twoOnOneClock returns two backends on one collection whose replies carry
+// the time of one fake clock, which their own clocks read too.
+func twoOnOneClock(t *testing.T) (a *firestorelock.Backend, ra *rpcs, b *firestorelock.Backend, clock *fake.Clock) {
+	t.Helper()
+	clock = newClock()
+	coll := collection()
+	on := link{server: clock.Now}
+	a, ra = newBackendVia(t, on, firestorelock.WithCollection(coll), firestorelock.WithClock(clock.Now))
+	b, _ = newBackendVia(t, on, firestorelock.WithCollection(coll), firestorelock.WithClock(clock.Now))
+	return a, ra, b, clock
+}
+
+// heldWithALostCommitNext returns two backends on one fake clock, the first
+// holding key "k" for a minute with claim c, and the reply of its next
+// Commit set to be lost.
+func heldWithALostCommitNext(t *testing.T) (a *firestorelock.Backend, ra *rpcs, b *firestorelock.Backend, clock *fake.Clock, c store.Claim) {
+	t.Helper()
+	testsvc.Firestore(t)
+	a, ra, b, clock = twoOnOneClock(t)
+	r, err := a.Claim(t.Context(), "k", time.Minute)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", r.Outcome, err)
+	}
+	ra.loseNextCommit.Store(true)
+	return a, ra, b, clock, r.Claim
+}
+
+// onClock returns a backend whose replies carry the time of clock, which
+// its own clock reads too.
+func onClock(t testing.TB, clock *fake.Clock, opts ...firestorelock.Option) (*firestorelock.Backend, *rpcs) {
+	t.Helper()
+	return newBackendVia(t, link{server: clock.Now}, append([]firestorelock.Option{firestorelock.WithClock(clock.Now)}, opts...)...)
+}

@@ -1,0 +1,46 @@
+package firestorelock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// PurgeExpired deletes by the server's clock: a purger whose clock runs
+// hours ahead deletes nothing before its expires-at, and one whose clock
+// runs behind still deletes what has expired.
+func TestServerClockPurgesNothingEarly(t *testing.T) {
+	testsvc.Firestore(t)
+	for name, off := range map[string]time.Duration{"purger_ahead": skew, "purger_behind": -skew} {
+		t.Run(name, func(t *testing.T) {
+			ctx := t.Context()
+			server, holder, purger := twoOnServer(t, 0, off)
+			d, _ := holder.Claim(ctx, "done", scLease)
+			if ok, err := holder.Complete(ctx, d.Claim); !ok || err != nil {
+				t.Fatalf("complete: %v %v", ok, err)
+			}
+			if h, _ := holder.Claim(ctx, "held", scLease); h.Outcome != store.Won {
+				t.Fatalf("claim: %v", h.Outcome)
+			}
+			server.Advance(scTTL - time.Second)
+			if n, err := purger.PurgeExpired(ctx, 0); n != 0 || err != nil {
+				t.Fatalf("purge a second before the done key's ttl ends: %d deleted, %v; want 0", n, err)
+			}
+			if r, _ := holder.Claim(ctx, "done", scLease); r.Outcome != store.AlreadyDone {
+				t.Fatalf("done key after the early purge: %v, want already done", r.Outcome)
+			}
+			server.Advance(time.Second)
+			if n, err := purger.PurgeExpired(ctx, 0); n != 1 || err != nil {
+				t.Fatalf("purge when the done key's ttl ends: %d deleted, %v; want 1 (not the claimed key, which lives a lease longer)", n, err)
+			}
+			if r, _ := holder.Claim(ctx, "done", scLease); r.Outcome != store.Won || r.Claim.Fence != 1 {
+				t.Fatalf("done key after the purge: %v fence %d, want won with fence 1 (a fresh record)", r.Outcome, r.Claim.Fence)
+			}
+			if r, _ := holder.Claim(ctx, "held", scLease); r.Outcome != store.Won || r.Claim.Fence != 2 {
+				t.Fatalf("lapsed claimed key: %v fence %d, want won with fence 2 (kept, not purged)", r.Outcome, r.Claim.Fence)
+			}
+		})
+	}
+}

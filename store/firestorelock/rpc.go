@@ -1,0 +1,166 @@
+package firestorelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	pb "cloud.google.com/go/firestore/apiv1/firestorepb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// retry runs op until it succeeds, fails in a way a retry cannot fix, or
+// the budget (WithRetries) or ctx runs out, with the jittered waits of the
+// shared backoff between attempts. An error that ctx's end cut short wraps
+// both ctx.Err() and op's error, so errors.Is sees the context's error
+// through gRPC's status.
+func (b *Backend) retry(ctx context.Context, op func() error) error {
+	return b.policy.Do(ctx, func(int) error { return op() }, retryable)
+}
+
+// retryable reports whether an RPC that failed with err is sent again:
+// Unavailable, Aborted, ResourceExhausted and Internal, and
+// DeadlineExceeded, which here is a per-call deadline of the transport
+// (when ctx itself has ended, retry stops before asking).
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Aborted, codes.ResourceExhausted, codes.Internal, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// lookup reads the record for key; found is false when it does not exist.
+// rd.at is the instant to judge it by (see judge).
+func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, rd reading, err error) {
+	return b.lookupName(ctx, b.docName(key))
+}
+
+// lookupName reads the document name with one BatchGetDocuments call,
+// whose reply carries the read_time the record is judged by.
+func (b *Backend) lookupName(ctx context.Context, name string) (r record, found bool, rd reading, err error) {
+	err = b.retry(ctx, func() error {
+		sent := b.now()
+		cctx, cancel := context.WithCancel(b.ctx(ctx))
+		defer cancel()
+		stream, err := b.rpc.BatchGetDocuments(cctx, &pb.BatchGetDocumentsRequest{
+			Database:  b.db,
+			Documents: []string{name},
+		})
+		if err != nil {
+			return err
+		}
+		var res *pb.BatchGetDocumentsResponse
+		for res == nil || res.Result == nil {
+			m, err := stream.Recv()
+			if err == io.EOF {
+				return status.Error(codes.Unavailable, "firestorelock: the read ended without a result")
+			}
+			if err != nil {
+				return err
+			}
+			res = m
+		}
+		rd.recv = b.now()
+		b.observe(res.GetReadTime(), sent, rd.recv, true)
+		rd.exact = res.GetReadTime() != nil && res.GetReadTime().IsValid()
+		if rd.at, err = b.judge(res.GetReadTime()); err != nil {
+			return err
+		}
+		doc := res.GetFound()
+		if doc == nil {
+			found = false
+			return nil
+		}
+		r, err = decode(doc)
+		found = err == nil
+		return err
+	})
+	return r, found, rd, err
+}
+
+// probeID is a document ID that Name never returns ("!" is not in the
+// base64url alphabet): PurgeExpired reads it for the server's time.
+const probeID = "~probe!"
+
+// probe reads the server's time (or learns that the service gives none).
+func (b *Backend) probe(ctx context.Context) error {
+	_, _, _, err := b.lookupName(ctx, b.docs+probeID)
+	return err
+}
+
+// mayHaveApplied reports whether a Commit that failed with err may have
+// been applied all the same (its reply was lost, or the call was cut).
+func mayHaveApplied(err error) bool {
+	switch status.Code(err) {
+	case codes.AlreadyExists, codes.NotFound, codes.InvalidArgument, codes.FailedPrecondition,
+		codes.PermissionDenied, codes.Unauthenticated, codes.OutOfRange, codes.Unimplemented:
+		return false
+	}
+	return true
+}
+
+// errAlreadyExists is what write returns for a create whose document
+// exists.
+var errAlreadyExists = errors.New("firestorelock: the document exists")
+
+// write commits one write outside any transaction and returns the
+// document's new update time and the commit's server time (zero when the
+// reply carries none); applied is false when the write's precondition
+// failed (FailedPrecondition: the document changed or is gone; NotFound).
+// A create of an existing document returns an error wrapping
+// errAlreadyExists and the service's error. lost is the error of the
+// latest attempt that failed in a way that leaves open whether the server
+// applied it: then the write may have applied even when err is set or
+// applied is false (a retry finds its own write).
+func (b *Backend) write(ctx context.Context, w *pb.Write) (version time.Time, applied bool, at time.Time, lost, err error) {
+	err = b.retry(ctx, func() error {
+		sent := b.now()
+		res, err := b.rpc.Commit(b.ctx(ctx), &pb.CommitRequest{Database: b.db, Writes: []*pb.Write{w}})
+		switch status.Code(err) {
+		case codes.OK:
+		case codes.FailedPrecondition, codes.NotFound:
+			applied = false
+			return nil
+		case codes.AlreadyExists:
+			return fmt.Errorf("%w: %w", errAlreadyExists, err)
+		default:
+			if mayHaveApplied(err) {
+				lost = err
+			}
+			return err
+		}
+		ct := res.GetCommitTime()
+		b.observe(ct, sent, b.now(), false)
+		if ct != nil && ct.IsValid() {
+			at = ct.AsTime()
+		}
+		if len(res.WriteResults) != 1 || !res.WriteResults[0].GetUpdateTime().IsValid() {
+			return fmt.Errorf("firestorelock: commit returned %d write results without an update time, want 1", len(res.WriteResults))
+		}
+		version, applied = res.WriteResults[0].GetUpdateTime().AsTime(), true
+		return nil
+	})
+	return version, applied, at, lost, err
+}
+
+// create writes doc if no document of its name exists.
+func create(doc *pb.Document) *pb.Write {
+	return &pb.Write{
+		Operation:       &pb.Write_Update{Update: doc},
+		CurrentDocument: &pb.Precondition{ConditionType: &pb.Precondition_Exists{Exists: false}},
+	}
+}
+
+// update replaces the document with doc if its update time is still
+// version.
+func update(doc *pb.Document, version time.Time) *pb.Write {
+	return &pb.Write{
+		Operation:       &pb.Write_Update{Update: doc},
+		CurrentDocument: &pb.Precondition{ConditionType: &pb.Precondition_UpdateTime{UpdateTime: timestamppb.New(version)}},
+	}
+}
