@@ -1,0 +1,144 @@
+package spannerlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"cloud.google.com/go/spanner"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+var columns = []string{"key", "state", "fence", "lease_expiry", "expires_at", "token"}
+
+// row is a record as read, with the server's time of the read.
+type row struct {
+	now     time.Time
+	present bool
+	state   int64
+	fence   int64
+	lease   time.Time
+	exp     time.Time
+	token   string
+}
+
+// read reads key's row in txn together with CURRENT_TIMESTAMP(), in one
+// statement (the transaction's first: it begins the transaction inline).
+func (b *Backend) read(ctx context.Context, txn *spanner.ReadWriteTransaction, key string) (row, error) {
+	stmt := spanner.Statement{
+		SQL: "SELECT CURRENT_TIMESTAMP(), r.state, r.fence, r.lease_expiry, r.expires_at, r.token " +
+			"FROM UNNEST([1]) AS one LEFT JOIN " + b.table + " AS r ON r.key = @key",
+		Params: map[string]any{"key": []byte(key)},
+	}
+	var r row
+	err := txn.Query(ctx, stmt).Do(func(res *spanner.Row) error {
+		var (
+			state, fence spanner.NullInt64
+			lease, exp   spanner.NullTime
+			token        spanner.NullString
+		)
+		if err := res.Columns(&r.now, &state, &fence, &lease, &exp, &token); err != nil {
+			return err
+		}
+		r.present = state.Valid
+		r.state, r.fence, r.lease, r.exp, r.token = state.Int64, fence.Int64, lease.Time, exp.Time, token.StringVal
+		return nil
+	})
+	if err != nil {
+		return r, err
+	}
+	if r.now.IsZero() {
+		return r, fmt.Errorf("spannerlock: the read of %q returned no row", key)
+	}
+	if r.present && ((r.state != stateClaimed && r.state != stateDone) || r.fence < 1) {
+		return r, fmt.Errorf("spannerlock: the row of %q is not a record of this backend (state %d, fence %d)", key, r.state, r.fence)
+	}
+	return r, nil
+}
+
+// Claim creates or reclaims key's record in one read-write transaction:
+// a query reads the row and CURRENT_TIMESTAMP(), and the commit carries
+// the insert or update that the row calls for (2 RPCs). See the package
+// doc for how a lost commit reply is told apart.
+func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Result{}, err
+	}
+	if err := store.ValidateLease(lease); err != nil {
+		return store.Result{}, err
+	}
+	lease = ceilMicros(lease)
+	token := store.NewToken()
+	var (
+		res store.Result
+		// unknownSince is the read instant of the earliest run whose
+		// commit may have applied, unknown: zero while there is none.
+		unknownSince time.Time
+		seen         time.Time // the read instant of the last body run
+		wrote        bool      // whether the last body run buffered a write
+	)
+	body := func(ctx context.Context, txn *spanner.ReadWriteTransaction) error {
+		wrote = false
+		r, err := b.read(ctx, txn, key)
+		if err != nil {
+			return err
+		}
+		seen = r.now
+		var m *spanner.Mutation
+		res, m, err = b.decide(key, token, lease, r, unknownSince)
+		if err != nil {
+			return err
+		}
+		if m != nil {
+			wrote = true
+			return txn.BufferWrite([]*spanner.Mutation{m})
+		}
+		return nil
+	}
+	err := b.transact(ctx, body, func(err error) {
+		if wrote && unknownCommit(err) && (unknownSince.IsZero() || seen.Before(unknownSince)) {
+			unknownSince = seen
+		}
+	})
+	if err != nil {
+		return store.Result{}, fmt.Errorf("spannerlock: claim %q: %w", key, err)
+	}
+	return res, nil
+}
+
+// decide judges row r by its read instant and returns Claim's result and
+// the write it needs (nil for none). unknownSince is the read instant of
+// an earlier run whose commit may have applied (zero for none).
+func (b *Backend) decide(key, token string, lease time.Duration, r row, unknownSince time.Time) (store.Result, *spanner.Mutation, error) {
+	now := r.now
+	if r.present && r.token == token && r.state == stateClaimed {
+		// An earlier run of this call committed; its reply was lost.
+		if !now.Before(r.exp) {
+			return store.Result{}, nil, fmt.Errorf("%w (our own claim expired at %v; the row may be deleted at any moment)", errUnknown, r.exp)
+		}
+		return won(key, token, r.fence, r.lease), nil, nil
+	}
+	if !unknownSince.IsZero() && !now.Before(unknownSince.Add(lease)) {
+		// Had that commit applied, its lease would have lapsed by now
+		// and others could have taken the key from it.
+		return store.Result{}, nil, errUnknown
+	}
+	expiry := now.Add(lease)
+	vals := func(fence int64) []any {
+		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expiry.Add(b.ttl), token}
+	}
+	switch {
+	case !r.present:
+		return won(key, token, 1, expiry), spanner.Insert(b.table, columns, vals(1)), nil
+	case r.state == stateClaimed && now.Before(r.lease):
+		return store.Result{Outcome: store.HeldByOther, Until: r.lease}, nil, nil
+	case r.state == stateDone && now.Before(r.exp):
+		return store.Result{Outcome: store.AlreadyDone, Until: r.exp}, nil, nil
+	}
+	return won(key, token, r.fence+1, expiry), spanner.Update(b.table, columns, vals(r.fence+1)), nil
+}
+
+func won(key, token string, fence int64, expiry time.Time) store.Result {
+	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: fence, Token: token, LeaseExpiry: expiry}}
+}

@@ -1,0 +1,82 @@
+package spannerlock
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"cloud.google.com/go/spanner"
+	"google.golang.org/grpc/codes"
+)
+
+// errUnknown reports a call whose write may or may not have applied.
+var errUnknown = errors.New("spannerlock: the outcome is unknown: a commit's reply was lost and the row no longer tells")
+
+// retryable reports whether a failed transaction is worth running again:
+// the codes of a transient failure, AlreadyExists (a concurrent Claim
+// inserted the row first; the next run reads it), and a lost transaction.
+func retryable(err error) bool {
+	if errors.Is(err, errUnknown) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	switch spanner.ErrCode(err) {
+	case codes.Unavailable, codes.ResourceExhausted, codes.Internal, codes.DeadlineExceeded, codes.AlreadyExists:
+		return true
+	}
+	return txLost(err)
+}
+
+// txLost reports an error that says the transaction did not commit and is
+// gone: Aborted, or NotFound or FailedPrecondition naming the transaction
+// (it was aborted or expired; the emulator answers so to all but one of
+// the concurrent read-write transactions of a database).
+func txLost(err error) bool {
+	switch spanner.ErrCode(err) {
+	case codes.Aborted:
+		return true
+	case codes.NotFound, codes.FailedPrecondition:
+		return strings.Contains(strings.ToLower(spanner.ErrDesc(err)), "transaction")
+	}
+	return false
+}
+
+// unknownCommit reports whether err, from a transaction whose body
+// finished with writes to commit, leaves it unknown whether they applied:
+// any failure but the definite ones (a lost transaction; an insert that
+// found the row; a refused request).
+func unknownCommit(err error) bool {
+	if txLost(err) {
+		return false
+	}
+	switch spanner.ErrCode(err) {
+	case codes.AlreadyExists, codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
+		return false
+	}
+	return true
+}
+
+// maxLost bounds how often a call runs its transaction again after the
+// transaction was lost (as the Spanner client reruns an aborted one, these
+// do not count against WithRetries).
+const maxLost = 100
+
+// transact runs body in one read-write transaction (the Spanner client
+// reruns it after an abort), runs it again after the transaction was lost
+// (up to maxLost times), and runs the whole again per b.policy after any
+// other retryable failure; failed, when set, hears of each failed run.
+func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, txn *spanner.ReadWriteTransaction) error, failed func(err error)) error {
+	return b.policy.Do(ctx, func(int) error {
+		for n := 0; ; n++ {
+			_, err := b.client.ReadWriteTransaction(ctx, body)
+			if err != nil && failed != nil {
+				failed(err)
+			}
+			if err == nil || !txLost(err) || n >= maxLost || ctx.Err() != nil {
+				return err
+			}
+			if b.policy.Wait(ctx, min(n, 6)) != nil {
+				return err
+			}
+		}
+	}, retryable)
+}
