@@ -34,7 +34,7 @@ check() { # name, forbidden-regexp, packages...
 	{
 		printf 'module example.com/consumer\n\ngo 1.26\n\nrequire %s v0.0.0-00010101000000-000000000000\n' "$M"
 		printf 'replace %s => %s\n' "$M" "$root"
-		for b in datastorelock firestorelock redislock sqllock; do
+		for b in datastorelock firestorelock redislock spannerlock sqllock; do
 			printf 'replace %s/store/%s => %s/store/%s\n' "$M" "$b" "$root" "$b"
 		done
 		printf 'replace %s/pushauth => %s/pushauth\n' "$M" "$root"
@@ -67,4 +67,5 @@ check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
 check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"
 check firestorelock "$drivers|cloud.google.com/go/datastore" "$M" "$M/store/firestorelock"
+check spannerlock "$drivers|cloud.google.com/go/datastore|cloud.google.com/go/firestore" "$M" "$M/store/spannerlock"
 exit $rc
