@@ -67,5 +67,5 @@ check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
 check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"
 check firestorelock "$drivers|cloud.google.com/go/datastore" "$M" "$M/store/firestorelock"
-check spannerlock "$drivers|cloud.google.com/go/datastore|cloud.google.com/go/firestore" "$M" "$M/store/spannerlock"
+check spannerlock "$drivers" "$M" "$M/store/spannerlock"
 exit $rc
