@@ -50,6 +50,10 @@ func transient(err error) bool {
 // lost, and the record no longer says whether that attempt had won.
 var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
 
+// errNoResend ends an Extend's retries: the attempt may have renewed the
+// lease although its reply was lost, and a resend would renew it again.
+var errNoResend = errors.New("sqllock: the extension may have been applied; not sent again")
+
 // errInsertWon marks a MySQL Claim attempt whose INSERT IGNORE won the key
 // and whose read of the record then failed: the win landed, whether or not
 // the read's own error says the server refused the read.
@@ -87,7 +91,8 @@ var mysqlServerError = regexp.MustCompile(`(^|: )Error [134]\d{3}\b`)
 
 // retry runs op, and again after a transient failure, within ctx and the
 // retry budget (WithRetries), waiting the shared jittered backoff between
-// attempts. A Claim's errUnknownOutcome is never retried. When ctx ends
+// attempts. A Claim's errUnknownOutcome and an Extend's errNoResend are never
+// retried. When ctx ends
 // before op succeeds, the error wraps ctx.Err() and the last attempt's.
 func (b *Backend) retry(ctx context.Context, op func() error) error {
 	return b.backoff.Do(ctx, func(int) error { return op() }, retryable)
@@ -96,5 +101,5 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 // retryable reports whether an attempt that failed with err may be sent
 // again.
 func retryable(err error) bool {
-	return transient(err) && !errors.Is(err, errUnknownOutcome)
+	return transient(err) && !errors.Is(err, errUnknownOutcome) && !errors.Is(err, errNoResend)
 }

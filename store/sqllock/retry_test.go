@@ -50,6 +50,7 @@ func TestRetryable(t *testing.T) {
 		{fmt.Errorf("dial: %w", context.DeadlineExceeded), false},
 		{fmt.Errorf("%w: %w", errUnknownOutcome, io.ErrUnexpectedEOF), false},
 		{fmt.Errorf("claim: %w", fmt.Errorf("%w: it moved on", errUnknownOutcome)), false},
+		{fmt.Errorf("%w: %w", errNoResend, io.ErrUnexpectedEOF), false},
 	} {
 		if got := retryable(c.err); got != c.want {
 			t.Errorf("retryable(%v) = %v, want %v", c.err, got, c.want)

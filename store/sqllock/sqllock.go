@@ -67,7 +67,10 @@ func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl }
 // WithRetries sets how many more times an operation is sent, with the same
 // claim token, after a broken connection, a deadlock, a serialization
 // failure or a busy database, waiting a jittered backoff between attempts
-// (10ms, doubling up to 320ms). Default 3; negative makes New fail.
+// (10ms, doubling up to 320ms). Extend is the exception: an attempt that
+// may have renewed the lease without its reply arriving is not sent again
+// (a resend would renew it a second time), and Extend returns the error.
+// Default 3; negative makes New fail.
 func WithRetries(n int) Option { return func(b *Backend) { b.retries = n } }
 
 // Backend is a store.Backend on a SQL table. It is safe for concurrent use.
@@ -533,7 +536,9 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	return nil
 }
 
-// Extend implements store.Extender.
+// Extend implements store.Extender. It renews the lease at most once per
+// call: after an attempt whose outcome is unknown it returns an error
+// rather than sending the renewal again (see WithRetries).
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
@@ -544,6 +549,10 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	k := []byte(c.Key)
 	var until int64
 	var held bool
+	// An attempt that may have renewed the lease without its reply arriving
+	// is not sent again: a resend would renew it once more, from a later
+	// instant (one call, two extensions). The call then returns an error and
+	// the caller renews again later (the heartbeat does, at its next tick).
 	err := b.retry(ctx, func() error {
 		if b.q.Returning {
 			err := b.queryRow(ctx, b.q.Extend, []any{k, c.Fence, millis(lease), millis(b.ttl), c.Token}, &until)
@@ -552,9 +561,15 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 				return nil
 			}
 			held = err == nil
+			if err != nil && mayHaveLanded(err) {
+				return fmt.Errorf("%w: %w", errNoResend, err)
+			}
 			return err
 		}
 		if _, err := b.exec(ctx, b.q.Extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence, c.Token); err != nil {
+			if mayHaveLanded(err) {
+				return fmt.Errorf("%w: %w", errNoResend, err)
+			}
 			return err
 		}
 		err := b.queryRow(ctx, b.q.Lease, []any{k, c.Fence, c.Token}, &until)
@@ -563,7 +578,11 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 			return nil
 		}
 		held = err == nil
-		return err
+		if err != nil {
+			// The update ran: reading it back failed.
+			return fmt.Errorf("%w: %w", errNoResend, err)
+		}
+		return nil
 	})
 	if err != nil {
 		return c, fmt.Errorf("sqllock: extend %q fence %d: %w", c.Key, c.Fence, err)
