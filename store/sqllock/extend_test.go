@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"io"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -54,7 +55,8 @@ func (s flakyStmt) Query([]driver.Value) (driver.Rows, error)  { return nil, s.r
 // arriving is not sent again: one call renews a lease at most once. (A
 // resend renewed it again from a later instant, and the history check
 // found one Extend call taking effect three times.) An attempt the server
-// refused is still retried within the budget.
+// refused, or one that never reached it (a failed dial), is still retried
+// within the budget.
 func TestExtendIsNotResentAfterAnAttemptThatMayHaveLanded(t *testing.T) {
 	claim := store.Claim{Key: "k", Fence: 1, Token: "t", LeaseExpiry: time.Now().Add(time.Minute)}
 	for _, d := range []Dialect{Postgres, MySQL, SQLite} {
@@ -66,6 +68,7 @@ func TestExtendIsNotResentAfterAnAttemptThatMayHaveLanded(t *testing.T) {
 			{"lost reply", io.ErrUnexpectedEOF, 1},
 			{"connection reset", errors.New("read tcp: connection reset by peer"), 1},
 			{"server refused (serialization failure)", sqlStateErr("40001"), 4},
+			{"dial refused (nothing sent)", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, 4},
 		} {
 			f := &flaky{match: "lease_expiry_ms = ", err: c.err}
 			db := sql.OpenDB(f)

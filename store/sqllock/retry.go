@@ -54,6 +54,13 @@ var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost
 // lease although its reply was lost, and a resend would renew it again.
 var errNoResend = errors.New("sqllock: the extension may have been applied; not sent again")
 
+// neverSent reports whether err says that no connection was made, so that
+// the statement cannot have reached the server: a failed dial.
+func neverSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // errInsertWon marks a MySQL Claim attempt whose INSERT IGNORE won the key
 // and whose read of the record then failed: the win landed, whether or not
 // the read's own error says the server refused the read.

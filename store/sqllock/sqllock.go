@@ -561,13 +561,13 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 				return nil
 			}
 			held = err == nil
-			if err != nil && mayHaveLanded(err) {
+			if err != nil && mayHaveLanded(err) && !neverSent(err) {
 				return fmt.Errorf("%w: %w", errNoResend, err)
 			}
 			return err
 		}
 		if _, err := b.exec(ctx, b.q.Extend, millis(lease), millis(lease), millis(b.ttl), k, c.Fence, c.Token); err != nil {
-			if mayHaveLanded(err) {
+			if mayHaveLanded(err) && !neverSent(err) {
 				return fmt.Errorf("%w: %w", errNoResend, err)
 			}
 			return err

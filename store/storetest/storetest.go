@@ -472,6 +472,12 @@ func claimDoneWithinTTL(t *testing.T, e *env) {
 	}
 	// A mutex-style claim with a short lease is refused as well.
 	if r := e.claim(k, e.short()); r.Outcome != store.AlreadyDone {
+		// As in expect: in real time, a machine slower than the ttl proves
+		// nothing here.
+		if d, ok := e.done[k]; ok && e.h.Advance == nil && !e.h.Now().Before(d.at.Add(e.h.TTL)) {
+			t.Skipf("short-lease claim of a done key: %v, but the case ran slower than the ttl (%v since the completion): nothing to conclude",
+				r.Outcome, e.h.Now().Sub(d.at))
+		}
 		t.Fatalf("short-lease claim of a done key: %v, want already done", r.Outcome)
 	}
 }
