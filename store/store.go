@@ -49,8 +49,8 @@
 // # Growing the port
 //
 // Like database/sql/driver, the port grows by optional interfaces that a
-// backend may implement beside [Backend]: [Extender] and [Purger]. Callers
-// discover them with a type assertion.
+// backend may implement beside [Backend]: [Extender], [Purger] and
+// [Fingerprinter]. Callers discover them with a type assertion.
 package store
 
 import (
@@ -92,6 +92,10 @@ var (
 	// ErrInvalidTTL reports a ttl that is zero or negative.
 	ErrInvalidTTL = errors.New("store: invalid ttl")
 
+	// ErrInvalidFingerprint reports a fingerprint longer than
+	// MaxFingerprintLen bytes or containing a NUL byte.
+	ErrInvalidFingerprint = errors.New("store: invalid fingerprint")
+
 	// ErrLost reports, from an optional method such as Extend, that the
 	// caller's claim is no longer the current one (its fence is stale or its
 	// record is gone).
@@ -109,6 +113,23 @@ func ValidateKey(key string) error {
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
 	case strings.IndexByte(key, 0) >= 0:
 		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidKey)
+	}
+	return nil
+}
+
+// MaxFingerprintLen is the longest payload fingerprint, in bytes, that
+// every [Fingerprinter] stores.
+const MaxFingerprintLen = 128
+
+// ValidateFingerprint returns an error wrapping ErrInvalidFingerprint when
+// fp is longer than MaxFingerprintLen bytes or contains a NUL byte. The
+// empty fingerprint is valid: it means none.
+func ValidateFingerprint(fp string) error {
+	switch {
+	case len(fp) > MaxFingerprintLen:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidFingerprint, len(fp), MaxFingerprintLen)
+	case strings.IndexByte(fp, 0) >= 0:
+		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidFingerprint)
 	}
 	return nil
 }
@@ -221,6 +242,11 @@ type Result struct {
 	// AlreadyDone, when duplicate suppression ends. Zero when the backend
 	// does not know.
 	Until time.Time
+	// Fingerprint is, for AlreadyDone, the payload fingerprint that the
+	// completing call stored (see [Fingerprinter]); empty when it stored
+	// none, or the backend does not keep fingerprints. Empty for the other
+	// outcomes.
+	Fingerprint string
 }
 
 // Backend is the port every storage backend implements.
@@ -288,4 +314,21 @@ type Purger interface {
 	// that Claim could still find live. A limit of zero or less means no
 	// limit.
 	PurgeExpired(ctx context.Context, limit int) (int, error)
+}
+
+// Fingerprinter is implemented by backends that keep, in a Done record, a
+// fingerprint of the payload whose work completed it, so that a later
+// delivery of the same key with a different payload can be told apart from
+// a true duplicate.
+type Fingerprinter interface {
+	// CompleteFingerprint is Complete that also stores fp in the record it
+	// moves to Done; a Claim that finds the record Done reports fp in
+	// Result.Fingerprint until the record is reclaimed. It MUST validate fp
+	// with ValidateFingerprint before any I/O. An empty fp stores none,
+	// exactly as Complete does; Complete and CompleteFingerprint clear a
+	// fingerprint left from an earlier life of the record (a reclaim after
+	// the ttl starts without one). Completing an already Done record with
+	// the same fence returns true and changes nothing, the stored
+	// fingerprint included. It is safe to retry.
+	CompleteFingerprint(ctx context.Context, c Claim, fp string) (bool, error)
 }
