@@ -61,6 +61,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Default durations, shared by every backend and verb.
@@ -93,7 +94,7 @@ var (
 	ErrInvalidTTL = errors.New("store: invalid ttl")
 
 	// ErrInvalidFingerprint reports a fingerprint longer than
-	// MaxFingerprintLen bytes or containing a NUL byte.
+	// MaxFingerprintLen bytes, not valid UTF-8, or containing a NUL byte.
 	ErrInvalidFingerprint = errors.New("store: invalid fingerprint")
 
 	// ErrLost reports, from an optional method such as Extend, that the
@@ -122,12 +123,15 @@ func ValidateKey(key string) error {
 const MaxFingerprintLen = 128
 
 // ValidateFingerprint returns an error wrapping ErrInvalidFingerprint when
-// fp is longer than MaxFingerprintLen bytes or contains a NUL byte. The
-// empty fingerprint is valid: it means none.
+// fp is longer than MaxFingerprintLen bytes, is not valid UTF-8 (the
+// Datastore, Firestore and Spanner string types require it), or contains a
+// NUL byte. The empty fingerprint is valid: it means none.
 func ValidateFingerprint(fp string) error {
 	switch {
 	case len(fp) > MaxFingerprintLen:
 		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidFingerprint, len(fp), MaxFingerprintLen)
+	case !utf8.ValidString(fp):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidFingerprint)
 	case strings.IndexByte(fp, 0) >= 0:
 		return fmt.Errorf("%w: contains a NUL byte", ErrInvalidFingerprint)
 	}
