@@ -11,13 +11,14 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store/redislock"
 )
 
-// setAtNow sets field ARGV[1] of KEYS[1] to the server's now (ms) plus
-// ARGV[2], sets the optional field ARGV[3] to ARGV[4], and returns now.
+// setAtNow rewrites the record at KEYS[1] with state ARGV[1] and its
+// instant (lease expiry or expires-at) at the server's now (ms) plus
+// ARGV[2], keeping its fence, token and expiry, and returns now.
 const setAtNow = `
+local f, rest = string.match(redis.call('GET', KEYS[1]), '^[cd](%d+),%d+(,.*)$')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], ARGV[1], now + tonumber(ARGV[2]))
-if ARGV[3] then redis.call('HSET', KEYS[1], ARGV[3], ARGV[4]) end
+redis.call('SET', KEYS[1], ARGV[1] .. f .. ',' .. string.format('%d', now + tonumber(ARGV[2])) .. rest, 'KEEPTTL')
 return now`
 
 // readNow returns the server's now (ms).
@@ -25,19 +26,16 @@ const readNow = `
 local t = redis.call('TIME')
 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`
 
-// atInstant runs, in one MULTI, a script that sets field to the server's
-// now + offset ms, claim.lua, and a script that reads now again. It returns
-// claim.lua's reply and whether both clock reads fell in the same
-// millisecond, in which case claim.lua judged at exactly that millisecond.
-func atInstant(t *testing.T, c *redis.Client, key, field string, offset int64, extra ...string) (reply []int64, exact bool) {
+// atInstant runs, in one MULTI, a script that puts the record in state
+// with its instant at the server's now + offset ms, claim.lua, and a
+// script that reads now again. It returns claim.lua's outcome, fence and
+// instant, and whether both clock reads fell in the same millisecond, in
+// which case claim.lua judged at exactly that millisecond.
+func atInstant(t *testing.T, c *redis.Client, key, state string, offset int64) (reply []int64, exact bool) {
 	t.Helper()
-	args := []any{field, offset}
-	for _, e := range extra {
-		args = append(args, e)
-	}
 	var set, claim, after *redis.Cmd
 	_, err := c.TxPipelined(t.Context(), func(p redis.Pipeliner) error {
-		set = p.Eval(t.Context(), setAtNow, []string{key}, args...)
+		set = p.Eval(t.Context(), setAtNow, []string{key}, state, offset)
 		claim = p.Eval(t.Context(), redislock.ClaimLua, []string{key}, 60_000, 3_600_000, store.NewToken())
 		after = p.Eval(t.Context(), readNow, nil)
 		return nil
@@ -45,9 +43,12 @@ func atInstant(t *testing.T, c *redis.Client, key, field string, offset int64, e
 	if err != nil {
 		t.Fatal(err)
 	}
-	reply, err = claim.Int64Slice()
-	if err != nil {
-		t.Fatal(err)
+	v, err := claim.Slice()
+	if err != nil || len(v) < 3 {
+		t.Fatal(v, err)
+	}
+	for _, x := range v[:3] {
+		reply = append(reply, x.(int64))
 	}
 	s, _ := set.Int64()
 	a, _ := after.Int64()
@@ -55,13 +56,14 @@ func atInstant(t *testing.T, c *redis.Client, key, field string, offset int64, e
 }
 
 // claimAtTheBoundary claims a record, then claims it again and again with
-// field (an instant) set to the server's now or to a millisecond after it,
-// and the extra fields set as given, and checks the boundary on the
+// the record in state and its instant (lease expiry or expires-at) set to
+// the server's now or to a millisecond after it, and checks the boundary on the
 // server's own clock, in the tries where the whole MULTI ran within one
 // millisecond: a claim judged at the instant wins (fence + 1), one judged a
 // millisecond before gets blocked (HeldByOther's 3 or AlreadyDone's 2).
-func claimAtTheBoundary(t *testing.T, field string, blocked int64, extra ...string) {
+func claimAtTheBoundary(t *testing.T, state string, blocked int64) {
 	t.Helper()
+	field := map[string]string{"c": "the lease expiry", "d": "expires-at"}[state]
 	c := client(t, testsvc.Redis(t))
 	b := newBackend(t, c)
 	k := "k"
@@ -74,7 +76,7 @@ func claimAtTheBoundary(t *testing.T, field string, blocked int64, extra ...stri
 	hits := map[int64]int{}
 	for try := 0; try < 500 && (hits[0] < 5 || hits[1] < 5); try++ {
 		offset := int64(try % 2) // the instant at now, or a millisecond after now
-		reply, exact := atInstant(t, c, raw, field, offset, extra...)
+		reply, exact := atInstant(t, c, raw, state, offset)
 		switch {
 		case reply[0] == 1:
 			if offset == 1 && exact {
@@ -101,43 +103,34 @@ func claimAtTheBoundary(t *testing.T, field string, blocked int64, extra ...stri
 	t.Logf("exact hits: at %s %d, a millisecond before %d", field, hits[0], hits[1])
 }
 
-// A lease ends exactly at its expiry (field l): a claim judged at the
+// A lease ends exactly at its expiry: a claim judged at the
 // lease expiry's millisecond wins (now >= lease expiry), one judged a
 // millisecond before is held.
 func TestALeaseEndsExactlyAtItsExpiry(t *testing.T) {
-	claimAtTheBoundary(t, "l", 3)
+	claimAtTheBoundary(t, "c", 3)
 }
 
-// A done key's ttl ends exactly at its expires-at instant (field e): a
+// A done key's ttl ends exactly at its expires-at instant: a
 // claim judged then wins it back (fence + 1), one judged a millisecond
 // before is already done.
 func TestATTLEndsExactlyAtExpiresAt(t *testing.T) {
-	claimAtTheBoundary(t, "e", 2, "s", "d")
+	claimAtTheBoundary(t, "d", 2)
 }
 
-// record reads the stored fields and the key's expiry (PEXPIRETIME) in ms.
+// record reads the stored record and the key's expiry (PEXPIRETIME) in
+// ms: a claimed record stores its lease expiry l and expires at the key's
+// expiry (e is that expiry), a done one stores its expires-at e (l is 0).
 func record(t *testing.T, c *redis.Client, raw string) (s string, f, l, e, expireAt int64) {
 	t.Helper()
-	ctx := t.Context()
-	v, err := c.HMGet(ctx, raw, "s", "f", "l", "e").Result()
+	r := readRecord(t, c, raw)
+	at, err := c.Do(t.Context(), "PEXPIRETIME", raw).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
-	num := func(x any) int64 {
-		var n int64
-		if str, ok := x.(string); ok {
-			for _, ch := range str {
-				n = n*10 + int64(ch-'0')
-			}
-		}
-		return n
+	if r.State == "c" {
+		return r.State, r.Fence, r.At, at, at
 	}
-	s, _ = v[0].(string)
-	at, err := c.Do(ctx, "PEXPIRETIME", raw).Int64()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, num(v[1]), num(v[2]), num(v[3]), at
+	return r.State, r.Fence, 0, r.At, at
 }
 
 // Every script sets the record's expires-at as the port defines it, by the
@@ -249,7 +242,7 @@ func TestExpiryIsJudgedByTheServerClock(t *testing.T) {
 	// Move the stored lease expiry to one millisecond before the server's
 	// now: the very next claim reclaims, whatever the client believes.
 	rawKey := prefixOf(b) + "k"
-	if err := c.HSet(ctx, rawKey, "l", serverNow(t, c).UnixMilli()-1).Err(); err != nil {
+	if err := c.Eval(ctx, setAtNow, []string{rawKey}, "c", -1).Err(); err != nil {
 		t.Fatal(err)
 	}
 	r2, err := b.Claim(ctx, "k", 30*time.Second)
@@ -257,7 +250,7 @@ func TestExpiryIsJudgedByTheServerClock(t *testing.T) {
 		t.Fatalf("claim after the server-judged lapse: %v fence %d %v", r2.Outcome, r2.Claim.Fence, err)
 	}
 	// And a lease ten seconds ahead on the server's clock is live.
-	if err := c.HSet(ctx, rawKey, "l", serverNow(t, c).UnixMilli()+10_000).Err(); err != nil {
+	if err := c.Eval(ctx, setAtNow, []string{rawKey}, "c", 10_000).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if r3, err := b.Claim(ctx, "k", time.Second); err != nil || r3.Outcome != store.HeldByOther {
@@ -294,7 +287,7 @@ func TestRedisReapsRecordsAtExpiresAt(t *testing.T) {
 	if got := pttl(); !near(got, time.Hour) {
 		t.Fatalf("done record PTTL %v, want ttl = 1h", got)
 	}
-	f, _ := c.HGet(ctx, raw, "f").Int64()
+	f := readRecord(t, c, raw).Fence
 	if f != 3 {
 		t.Fatalf("stored fence %d, want 3 (claim, release, reclaim)", f)
 	}

@@ -9,15 +9,24 @@
 // per record makes every operation Redis Cluster safe; a key with a
 // {hash tag} lands in that tag's slot.
 //
-// A record is a hash under prefix+key with the fields s (state: "c" or
-// "d"), f (fence), l (lease expiry, Unix ms), e (expires at, Unix ms) and t
-// (the winning claim's token). The key is set to expire at e with
-// PEXPIREAT, so Redis deletes a record exactly when the contract allows and
-// not before. A Redis that loses writes on restart (no AOF, no replica)
-// loses records with them: a delivery in flight may then run twice. So
-// does a failover to a replica that had not yet received the latest
-// writes (replication is asynchronous; Memorystore's standard tier fails
-// over this way).
+// A record is one string under prefix+key,
+// "<state><fence>,<instant>,<token>[,<fingerprint>]": state c (claimed,
+// the instant is the lease expiry) or d (done, the instant is the
+// expires-at), the instant in Unix ms by the server's clock, the winning
+// claim's token, and a done record's payload fingerprint when one was
+// given ([Backend.CompleteFingerprint]). Each script writes it with SET
+// ... PXAT expires-at, so Redis deletes a record exactly when the contract
+// allows and not before. Records of the earlier format (a hash with fields
+// s, f, l, e, t) are still read, so an upgrade keeps live keys; the next
+// write replaces one with the string form. An instance of the earlier
+// version fails (an error, so the delivery is nacked and redelivered) on a
+// record the new format wrote: during a rolling upgrade, redeliveries
+// settle on upgraded instances, and no key runs twice. A Redis that loses
+// writes on restart (no AOF, no replica) loses records with them: a
+// delivery in flight may then run twice. So does a failover to a replica
+// that had not yet received the latest writes (replication is
+// asynchronous; Memorystore's standard tier fails over this way). The
+// scripts need Redis 6.2 or later (SET ... PXAT).
 //
 // Complete, Release and Extend act on a record only when both its fence
 // and its token are the claim's: the fence decides, as the port says, and
@@ -50,6 +59,8 @@ import (
 )
 
 var (
+	//go:embed record.lua
+	recordLua string
 	//go:embed claim.lua
 	claimLua string
 	//go:embed complete.lua
@@ -59,10 +70,10 @@ var (
 	//go:embed extend.lua
 	extendLua string
 
-	claimScript    = newScript(claimLua)
-	completeScript = newScript(completeLua)
-	releaseScript  = newScript(releaseLua)
-	extendScript   = newScript(extendLua)
+	claimScript    = newScript(recordLua + claimLua)
+	completeScript = newScript(recordLua + completeLua)
+	releaseScript  = newScript(recordLua + releaseLua)
+	extendScript   = newScript(recordLua + extendLua)
 )
 
 // script is a Lua script with its source, for the EVAL that follows a
@@ -136,7 +147,8 @@ func WithRetries(n int) Option {
 	return func(b *Backend) { b.policy.Retries = n }
 }
 
-// Backend is a [store.Backend] and [store.Extender] on Redis. It is safe for
+// Backend is a [store.Backend], [store.Extender] and [store.Fingerprinter]
+// on Redis. It is safe for
 // concurrent use.
 type Backend struct {
 	client redis.Scripter
@@ -151,8 +163,9 @@ type Backend struct {
 }
 
 var (
-	_ store.Backend  = (*Backend)(nil)
-	_ store.Extender = (*Backend)(nil)
+	_ store.Backend       = (*Backend)(nil)
+	_ store.Extender      = (*Backend)(nil)
+	_ store.Fingerprinter = (*Backend)(nil)
 )
 
 // New returns a Backend over client: a *redis.Client, *redis.ClusterClient,
@@ -204,16 +217,16 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err != nil {
 		return store.Result{}, fmt.Errorf("redislock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
 	}
-	reply, err := cmd.Int64Slice()
-	if err != nil || len(reply) != 3 {
-		return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected reply %v (%v)", key, cmd.Val(), err)
+	reply, fp, err := claimReply(cmd)
+	if err != nil {
+		return store.Result{}, fmt.Errorf("redislock: claim %q: %w", key, err)
 	}
 	at := time.UnixMilli(reply[2])
 	switch reply[0] {
 	case 1:
 		return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: reply[1], Token: token, LeaseExpiry: at}}, nil
 	case 2:
-		return store.Result{Outcome: store.AlreadyDone, Until: at}, nil
+		return store.Result{Outcome: store.AlreadyDone, Until: at, Fingerprint: fp}, nil
 	case 3:
 		return store.Result{Outcome: store.HeldByOther, Until: at}, nil
 	case 4:
@@ -227,12 +240,52 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	return store.Result{}, fmt.Errorf("redislock: claim %q: unexpected outcome %d", key, reply[0])
 }
 
-// Complete implements store.Backend.
+// claimReply reads claim.lua's reply: outcome, fence and instant, and the
+// fingerprint that follows them for AlreadyDone.
+func claimReply(cmd *redis.Cmd) (reply [3]int64, fp string, err error) {
+	v, err := cmd.Slice()
+	if err != nil || len(v) < 3 || len(v) > 4 {
+		return reply, "", fmt.Errorf("unexpected reply %v (%v)", cmd.Val(), err)
+	}
+	for i := range reply {
+		n, ok := v[i].(int64)
+		if !ok {
+			return reply, "", fmt.Errorf("unexpected reply %v", v)
+		}
+		reply[i] = n
+	}
+	if len(v) == 4 {
+		var ok bool
+		if fp, ok = v[3].(string); !ok {
+			return reply, "", fmt.Errorf("unexpected reply %v", v)
+		}
+	}
+	return reply, fp, nil
+}
+
+// Complete implements store.Backend. It stores no fingerprint (and so
+// clears none: a record won by a Claim never carries one).
 func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return b.complete(ctx, c, "")
+}
+
+// CompleteFingerprint implements store.Fingerprinter: Complete that also
+// keeps fp in the done record, within the record's one value (the key
+// grows by len(fp) + 1 bytes), for Claim to report in
+// [store.Result.Fingerprint]. Records written without one, and records of
+// the earlier hash format, report none.
+func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
+	if err := store.ValidateFingerprint(fp); err != nil {
+		return false, err
+	}
+	return b.complete(ctx, c, fp)
+}
+
+func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	cmd, lost, err := b.run(ctx, completeScript, resendable, nil, c.Key, c.Fence, millis(b.ttl), c.Token)
+	cmd, lost, err := b.run(ctx, completeScript, resendable, nil, c.Key, c.Fence, millis(b.ttl), c.Token, fp)
 	if err != nil {
 		return false, fmt.Errorf("redislock: complete %q fence %d: %w", c.Key, c.Fence, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -161,8 +162,8 @@ func TestZombieIsFencedOutWhenLeasePlusTTLOutlivesTheHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The zombie's late completion did not overwrite the reclaimer's.
-	f, _ := c.HGet(ctx, prefixOf(b)+"order", "f").Int64()
-	s, _ := c.HGet(ctx, prefixOf(b)+"order", "s").Result()
+	rec := readRecord(t, c, prefixOf(b)+"order")
+	f, s := rec.Fence, rec.State
 	if f != 2 || s != "d" || sends != 2 {
 		t.Fatalf("fence %d state %q sends %d; want the reclaimer's done record at fence 2", f, s, sends)
 	}
@@ -293,7 +294,7 @@ func TestAHolderOutlivingItsRecordCannotTouchTheNextOne(t *testing.T) {
 				if _, err := b.Extend(ctx, old.Claim, time.Hour); !errors.Is(err, store.ErrLost) {
 					t.Fatalf("the old holder's extend: %v; want ErrLost", err)
 				}
-				l, _ := c.HGet(ctx, prefixOf(b)+k, "l").Int64()
+				l := readRecord(t, c, prefixOf(b)+k).At
 				if !time.UnixMilli(l).Equal(next.Claim.LeaseExpiry) {
 					t.Fatalf("the next holder's lease moved to %v", time.UnixMilli(l))
 				}
@@ -307,3 +308,57 @@ func TestAHolderOutlivingItsRecordCannotTouchTheNextOne(t *testing.T) {
 		})
 	}
 }
+
+// stored is a record as Redis keeps it, in either format.
+type stored struct {
+	State       string // "c" or "d"
+	Fence       int64
+	At          int64 // ms: the lease expiry (claimed) or the expires-at (done)
+	Token       string
+	Fingerprint string
+}
+
+// readRecord reads the record at raw: the string of the current format or
+// a hash of the earlier one. It fails the test when there is none.
+func readRecord(t testing.TB, c *redis.Client, raw string) stored {
+	t.Helper()
+	ctx := context.Background()
+	typ, err := c.Type(ctx, raw).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	switch typ {
+	case "hash":
+		h, err := c.HGetAll(ctx, raw).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := stored{State: h["s"], Token: h["t"]}
+		fmt.Sscan(h["f"], &r.Fence)
+		at := h["l"]
+		if r.State == "d" {
+			at = h["e"]
+		}
+		fmt.Sscan(at, &r.At)
+		return r
+	case "string":
+		v, err := c.Get(ctx, raw).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := recordFormat.FindStringSubmatch(v)
+		if m == nil {
+			t.Fatalf("the value at %s, %q, is not a record", raw, v)
+		}
+		r := stored{State: m[1], Token: m[4], Fingerprint: m[5]}
+		fmt.Sscan(m[2], &r.Fence)
+		fmt.Sscan(m[3], &r.At)
+		return r
+	}
+	t.Fatalf("no record at %s (type %s)", raw, typ)
+	return stored{}
+}
+
+// recordFormat is record.lua's format: state, fence, instant, token and an
+// optional fingerprint.
+var recordFormat = regexp.MustCompile(`(?s)^([cd])([0-9]+),([0-9]+),([^,]*)(?:,(.*))?$`)

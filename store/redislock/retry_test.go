@@ -163,7 +163,7 @@ func TestClaimResentAfterTheKeyMovedOnIsAnErrorNotAnOutcome(t *testing.T) {
 				if got, _ := r.other.Claim(t.Context(), "k", time.Minute); got.Outcome != tc.outcome {
 					t.Fatalf("the key afterwards: %v, want %v (the error changed nothing)", got.Outcome, tc.outcome)
 				}
-				if f, _ := r.raw.HGet(t.Context(), prefixOf(r.b)+"k", "f").Int64(); f != 2 {
+				if f := readRecord(t, r.raw, prefixOf(r.b)+"k").Fence; f != 2 {
 					t.Fatalf("stored fence %d, want 2 (our lost win, the other's reclaim)", f)
 				}
 			})
@@ -237,7 +237,7 @@ func TestClaimResentOnAFreedKeyIsAnErrorNotASecondWin(t *testing.T) {
 	if !isDriverError(err) {
 		t.Errorf("error %v does not wrap the driver's error", err)
 	}
-	if f, _ := r.raw.HGet(t.Context(), prefixOf(r.b)+"k", "f").Int64(); f != 3 {
+	if f := readRecord(t, r.raw, prefixOf(r.b)+"k").Fence; f != 3 {
 		t.Fatalf("stored fence %d, want 3: the resend changed nothing", f)
 	}
 	if got, _ := r.other.Claim(t.Context(), "k", time.Minute); got.Outcome != store.Won || got.Claim.Fence != 4 {
@@ -291,7 +291,7 @@ func TestCompleteResentAfterTheKeyWasRecreatedLeavesTheNewcomerAlone(t *testing.
 			} else if !isDriverError(err) {
 				t.Errorf("error %v does not wrap the driver's error", err)
 			}
-			if s, _ := r.raw.HGet(t.Context(), prefixOf(r.b)+"k", "s").Result(); s != "c" {
+			if s := readRecord(t, r.raw, prefixOf(r.b)+"k").State; s != "c" {
 				t.Fatalf("the newcomer's record is %q, want still claimed", s)
 			}
 			if ok, err := r.other.Complete(t.Context(), newcomer); !ok || err != nil {
@@ -363,7 +363,7 @@ func TestExtendResentAfterTheKeyWasRecreatedIsLost(t *testing.T) {
 			if !errors.Is(err, store.ErrLost) && !isDriverError(err) {
 				t.Errorf("error %v is neither ErrLost nor the driver's", err)
 			}
-			l, _ := r.raw.HGet(t.Context(), prefixOf(r.b)+"k", "l").Int64()
+			l := readRecord(t, r.raw, prefixOf(r.b)+"k").At
 			if got := time.UnixMilli(l); !got.Equal(newcomer.LeaseExpiry) {
 				t.Fatalf("the newcomer's lease expiry moved from %v to %v", newcomer.LeaseExpiry, got)
 			}
@@ -467,7 +467,7 @@ func TestLostClaimReplyIsReaffirmedNotLockedOut(t *testing.T) {
 					t.Fatalf("retried claim: %v fence %d err %v; want won, fence %d (re-affirmed, not bumped twice)",
 						r.Outcome, r.Claim.Fence, err, wantFence)
 				}
-				if tok, _ := c.HGet(ctx, prefixOf(b)+"k", "t").Result(); tok != r.Claim.Token {
+				if tok := readRecord(t, c, prefixOf(b)+"k").Token; tok != r.Claim.Token {
 					t.Fatalf("stored token %q, want the claim's %q", tok, r.Claim.Token)
 				}
 				if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
