@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // deliveryRequest builds an Eventarc binary-mode delivery of message id.
@@ -102,5 +105,32 @@ func BenchmarkDelivery(b *testing.B) {
 				return resp.StatusCode
 			})
 		})
+	}
+}
+
+// BenchmarkLock measures Lock on fake.Store, which does no I/O, beside the
+// two store calls it makes (Claim, then Complete) called directly, at 1
+// and 16 workers: what Lock itself adds to a delivery.
+func BenchmarkLock(b *testing.B) {
+	for _, workers := range []int{1, 16} {
+		for _, kind := range []string{"store-calls", "lock"} {
+			b.Run(fmt.Sprintf("fake/%s/workers=%d", kind, workers), func(b *testing.B) {
+				s := fake.New()
+				ctx := context.Background()
+				body := func(context.Context) error { return nil }
+				b.ReportAllocs()
+				bench.Deliveries(b, workers, func(key string) error {
+					if kind == "lock" {
+						return idempotency.Lock(ctx, s, key, body)
+					}
+					res, err := s.Claim(ctx, key, store.DefaultLease)
+					if err != nil {
+						return err
+					}
+					_, err = s.Complete(ctx, res.Claim)
+					return err
+				})
+			})
+		}
 	}
 }

@@ -34,10 +34,28 @@ func MessageID() KeyFunc {
 	return messageID
 }
 
-// messageID decodes only the ids: the payload and attributes are left
-// alone, which makes the default key several times cheaper than a full
-// ParsePubSub.
+// messageID reads only the ids: scanMessageIDs picks them out without
+// decoding the payload or the attributes, and encoding/json decodes
+// whatever that scan leaves to it, so every event gets the key a full
+// decode gives it.
 func messageID(e event.Event) (string, error) {
+	id, alt, ok := scanMessageIDs(e.Data())
+	if !ok {
+		var err error
+		if id, alt, err = decodeMessageIDs(e); err != nil {
+			return "", err
+		}
+	}
+	id = firstNonEmpty(id, alt)
+	if id == "" && e.Type() == PubSubEventType {
+		id = e.ID()
+	}
+	return checkedKey(id, "messageId", e)
+}
+
+// decodeMessageIDs is messageID's decode with encoding/json, for whatever
+// scanMessageIDs leaves to it (and its refusals of malformed data).
+func decodeMessageIDs(e event.Event) (id, alt string, err error) {
 	var w struct {
 		Message *struct {
 			MessageID    string `json:"messageId"`
@@ -45,16 +63,12 @@ func messageID(e event.Event) (string, error) {
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(e.Data(), &w); err != nil {
-		return "", fmt.Errorf("%w: event %q data is not a Pub/Sub JSON envelope%s: %v", ErrMalformedEvent, e.ID(), otherKeyHint(e), err)
+		return "", "", fmt.Errorf("%w: event %q data is not a Pub/Sub JSON envelope%s: %v", ErrMalformedEvent, e.ID(), otherKeyHint(e), err)
 	}
 	if w.Message == nil {
-		return "", fmt.Errorf("%w: event %q data has no \"message\" object%s", ErrMalformedEvent, e.ID(), otherKeyHint(e))
+		return "", "", fmt.Errorf("%w: event %q data has no \"message\" object%s", ErrMalformedEvent, e.ID(), otherKeyHint(e))
 	}
-	id := firstNonEmpty(w.Message.MessageID, w.Message.MessageIDAlt)
-	if id == "" && e.Type() == PubSubEventType {
-		id = e.ID()
-	}
-	return checkedKey(id, "messageId", e)
+	return w.Message.MessageID, w.Message.MessageIDAlt, nil
 }
 
 // checkedKey returns key, or a *refusedKeyError (wrapping
