@@ -34,7 +34,7 @@ func deliveryRequest(url, id string) *http.Request {
 
 // receiver is the CloudEvents HTTP handler the functions framework builds
 // around a CloudEvent function, without the TCP hop.
-func receiver(b *testing.B, fn idempotency.CloudEventFunc) http.Handler {
+func receiver(b testing.TB, fn idempotency.CloudEventFunc) http.Handler {
 	p, err := cloudevents.NewHTTP()
 	if err != nil {
 		b.Fatal(err)
@@ -132,5 +132,34 @@ func BenchmarkLock(b *testing.B) {
 				})
 			})
 		}
+	}
+}
+
+// maxWrapperAllocs is the most allocations Idempotent on fake.Store may add
+// to one fresh delivery through the CloudEvents handler.
+const maxWrapperAllocs = 10
+
+// TestWrapperAllocations pins what the wrapper adds to a fresh delivery
+// through the CloudEvents HTTP handler: at most maxWrapperAllocs
+// allocations (a key scan, the claim's context, the settle timeout's
+// context and the store's record), measured beside the unwrapped handler.
+func TestWrapperAllocations(t *testing.T) {
+	allocs := func(fn idempotency.CloudEventFunc) float64 {
+		h := receiver(t, fn)
+		i := 0
+		return testing.AllocsPerRun(500, func() {
+			i++
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, deliveryRequest("/", strconv.Itoa(i)))
+			if w.Code != http.StatusOK {
+				t.Fatalf("status %d", w.Code)
+			}
+		})
+	}
+	plain := allocs(noop)
+	wrapped := allocs(idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet))(noop))
+	t.Logf("%.1f allocations unwrapped, %.1f wrapped", plain, wrapped)
+	if wrapped-plain > maxWrapperAllocs+raceAllocSlack {
+		t.Fatalf("the wrapper adds %.1f allocations per delivery (%.1f against %.1f), want at most %d", wrapped-plain, wrapped, plain, maxWrapperAllocs)
 	}
 }

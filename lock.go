@@ -100,6 +100,27 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 
 type claimKey struct{}
 
+// claimCtx is the body's context: its parent's values, deadline and
+// cancellation, and the claim under the key ClaimFrom reads. One
+// allocation where context.WithValue takes two.
+type claimCtx struct {
+	context.Context
+	claim store.Claim
+}
+
+// Value returns the claim for ClaimFrom's key, else the parent's value.
+func (c *claimCtx) Value(key any) any {
+	if _, ok := key.(claimKey); ok {
+		return c.claim
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context as context.WithValue's does.
+func (c *claimCtx) String() string {
+	return fmt.Sprintf("%v.WithValue(idempotency.claimKey, %v)", c.Context, c.claim.Key)
+}
+
 // ClaimFrom returns the claim under which the current body runs. Lock and
 // Mutex put it in the context they pass to the body. Its Fence rises with
 // every new holder of the key, so a sink that remembers the highest fence
@@ -205,9 +226,19 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 			"key", key, "lease", cfg.lease, "deadline_in", time.Until(dl).Round(time.Second))
 	}
 
-	bodyCtx, cancelBody := context.WithCancelCause(ctx)
-	defer cancelBody(nil)
-	stopHeartbeat := heartbeat(bodyCtx, b, &c, cfg, cancelBody)
+	// Without a heartbeat the body runs on ctx itself: nothing but ctx
+	// can cancel it, so a context of its own would only cost allocations.
+	bodyCtx, stopHeartbeat := ctx, func() {}
+	if cfg.heartbeat > 0 {
+		var cancelBody context.CancelCauseFunc
+		bodyCtx, cancelBody = context.WithCancelCause(ctx)
+		defer cancelBody(nil)
+		// hc, not c, is shared with the renewing goroutine, so that c
+		// stays off the heap when there is no heartbeat.
+		hc := c
+		stop := heartbeat(bodyCtx, b, &hc, cfg, cancelBody)
+		stopHeartbeat = func() { stop(); c = hc }
+	}
 	settled := false
 	defer func() {
 		if settled {
@@ -220,7 +251,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
 	}()
-	ferr := fn(context.WithValue(bodyCtx, claimKey{}, c))
+	ferr := fn(&claimCtx{Context: bodyCtx, claim: c})
 	stopHeartbeat() // from here on c is the latest renewal's claim
 	settled = true
 

@@ -590,6 +590,59 @@ func TestLockTTLExpiryMakesTheKeyReclaimable(t *testing.T) {
 	}
 }
 
+// The body's context, which carries the claim in one allocation (and,
+// without a heartbeat, no cancel context of its own), still is the
+// caller's: its values, deadline and cancellation, with the claim of the
+// innermost Lock for ClaimFrom.
+func TestBodyContextIsTheCallersWithTheClaim(t *testing.T) {
+	s, _ := newStore(t)
+	type ctxKey struct{}
+	deadline := time.Now().Add(time.Hour)
+	parent, cancel := context.WithDeadline(context.WithValue(t.Context(), ctxKey{}, "v"), deadline)
+	defer cancel()
+	err := idempotency.Lock(parent, s, "outer", func(ctx context.Context) error {
+		if ctx.Value(ctxKey{}) != "v" {
+			return fmt.Errorf("caller's value lost: %v", ctx.Value(ctxKey{}))
+		}
+		if dl, ok := ctx.Deadline(); !ok || !dl.Equal(deadline) {
+			return fmt.Errorf("deadline %v %v, want %v", dl, ok, deadline)
+		}
+		if c, ok := idempotency.ClaimFrom(ctx); !ok || c.Key != "outer" {
+			return fmt.Errorf("outer ClaimFrom = %+v, %v", c, ok)
+		}
+		if err := idempotency.Lock(ctx, s, "inner", func(ictx context.Context) error {
+			if c, ok := idempotency.ClaimFrom(ictx); !ok || c.Key != "inner" {
+				return fmt.Errorf("inner ClaimFrom = %+v, %v", c, ok)
+			}
+			if ictx.Value(ctxKey{}) != "v" {
+				return errors.New("caller's value lost in the inner body")
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if c, _ := idempotency.ClaimFrom(ctx); c.Key != "outer" {
+			return fmt.Errorf("after the inner Lock, ClaimFrom = %+v", c)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			return errors.New("the caller's cancellation did not reach the body")
+		}
+		if !errors.Is(ctx.Err(), context.Canceled) {
+			return fmt.Errorf("body ctx.Err() = %v after the caller cancelled", ctx.Err())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Record("outer"); rec.State != store.Done {
+		t.Fatalf("outer key %v, want done: Complete must not follow the caller's cancellation", rec.State)
+	}
+}
+
 func TestLockPassesTheClaimToTheBody(t *testing.T) {
 	s, clock := newStore(t)
 	s.Claim(t.Context(), "msg-13", time.Minute) // an earlier holder whose lease lapses: fence 1
