@@ -61,6 +61,10 @@ type Record struct {
 	Token       string
 	LeaseExpiry time.Time
 	ExpiresAt   time.Time
+	// Fingerprint is the payload fingerprint that
+	// [Store.CompleteFingerprint] stored when it moved the record to Done;
+	// empty when none was given, and cleared when the record is reclaimed.
+	Fingerprint string
 }
 
 // Option configures a [Store] built by [New].
@@ -79,8 +83,8 @@ func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
 }
 
-// Store is an in-memory [store.Backend], [store.Extender] and
-// [store.Purger]. It is safe for concurrent use. The zero value is ready to
+// Store is an in-memory [store.Backend], [store.Extender], [store.Purger]
+// and [store.Fingerprinter]. It is safe for concurrent use. The zero value is ready to
 // use with [store.DefaultTTL] and the system clock.
 type Store struct {
 	ttl time.Duration
@@ -102,6 +106,8 @@ var (
 	_ store.Backend  = (*Store)(nil)
 	_ store.Extender = (*Store)(nil)
 	_ store.Purger   = (*Store)(nil)
+
+	_ store.Fingerprinter = (*Store)(nil)
 )
 
 // New returns an empty Store. It panics if an option is invalid (a
@@ -257,7 +263,7 @@ func (s *Store) claim(key string, lease time.Duration) store.Result {
 		}
 		s.recs[key] = r
 	case r.State == store.Done && now.Before(r.ExpiresAt):
-		return store.Result{Outcome: store.AlreadyDone, Until: r.ExpiresAt}
+		return store.Result{Outcome: store.AlreadyDone, Until: r.ExpiresAt, Fingerprint: r.Fingerprint}
 	case r.State == store.Claimed && now.Before(r.LeaseExpiry):
 		return store.Result{Outcome: store.HeldByOther, Until: r.LeaseExpiry}
 	}
@@ -267,6 +273,7 @@ func (s *Store) claim(key string, lease time.Duration) store.Result {
 	r.Token = "fake-" + strconv.FormatInt(s.tokens, 10)
 	r.LeaseExpiry = now.Add(lease)
 	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	r.Fingerprint = ""
 	return store.Result{
 		Outcome: store.Won,
 		Claim:   store.Claim{Key: key, Fence: r.Fence, Token: r.Token, LeaseExpiry: r.LeaseExpiry},
@@ -275,7 +282,17 @@ func (s *Store) claim(key string, lease time.Duration) store.Result {
 
 // Complete implements [store.Backend].
 func (s *Store) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return s.CompleteFingerprint(ctx, c, "")
+}
+
+// CompleteFingerprint implements [store.Fingerprinter]: it is Complete
+// that also stores fp in the record it moves to Done. Faults injected for
+// [OpComplete] apply to it as to Complete.
+func (s *Store) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
+		return false, err
+	}
+	if err := store.ValidateFingerprint(fp); err != nil {
 		return false, err
 	}
 	cut := s.cuts.Load()
@@ -284,14 +301,14 @@ func (s *Store) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := s.begin(ctx, OpComplete, cut); err != nil {
 		return false, err
 	}
-	ok := s.complete(c)
+	ok := s.complete(c, fp)
 	if err := s.reply(OpComplete, cut); err != nil {
 		return false, err
 	}
 	return ok, nil
 }
 
-func (s *Store) complete(c store.Claim) bool {
+func (s *Store) complete(c store.Claim, fp string) bool {
 	r, ok := s.recs[c.Key]
 	if !ok || r.Fence != c.Fence || r.Token != c.Token {
 		return false
@@ -299,6 +316,7 @@ func (s *Store) complete(c store.Claim) bool {
 	if r.State == store.Claimed {
 		r.State = store.Done
 		r.ExpiresAt = s.clock().Add(s.TTL())
+		r.Fingerprint = fp
 	}
 	return true
 }

@@ -102,6 +102,20 @@ var mutants = map[string][]string{
 	"a retried claim raises the fence again":          {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
 	"complete answers true when its reply was lost":   {"a_complete_whose_reply_was_lost_is_safe_to_retry"},
 	"a cut claim reports won without writing":         {"calls_cut_mid_flight_win_nothing_twice_and_converge"},
+
+	// Payload fingerprints (store.Fingerprinter).
+	"complete with a fingerprint drops it":                    {"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done", "fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen"},
+	"a complete with a fingerprint counts the ttl from claim": {"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done"},
+	"a reclaim keeps the old fingerprint":                     {"a_reclaim_after_the_ttl_leaves_no_fingerprint_behind"},
+	"every outcome reports the stored fingerprint":            {"a_reclaim_after_the_ttl_leaves_no_fingerprint_behind"},
+	"a retried complete overwrites the fingerprint":           {"a_retried_complete_with_the_same_fence_keeps_the_first_fingerprint"},
+	"a retried complete fills in a missing fingerprint":       {"a_plain_complete_stores_no_fingerprint"},
+	"a stale complete stores its fingerprint":                 {"a_stale_or_released_claim_stores_no_fingerprint"},
+	"fingerprints are not validated":                          {"invalid_fingerprints_are_refused_and_change_nothing"},
+	"fingerprints are validated only on claimed records":      {"invalid_fingerprints_are_refused_and_change_nothing"},
+	"fingerprints are truncated at 64 bytes":                  {"fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen"},
+	"fingerprints are trimmed":                                {"fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen"},
+	"a lost complete drops the fingerprint on retry":          {"a_complete_with_a_fingerprint_whose_reply_was_lost_is_safe_to_retry"},
 }
 
 // mutant is an in-memory backend that follows the port except for one
@@ -128,13 +142,16 @@ type rec struct {
 	claimedAt time.Time
 	lease     time.Time // lease expiry
 	expiry    time.Time // expires-at
+	fp        string    // payload fingerprint of a Done record
 }
 
 var (
-	_ store.Backend    = (*mutant)(nil)
-	_ store.Extender   = (*mutant)(nil)
-	_ store.Purger     = (*mutant)(nil)
-	_ storetest.Faults = (*mutant)(nil)
+	_ store.Backend  = (*mutant)(nil)
+	_ store.Extender = (*mutant)(nil)
+	_ store.Purger   = (*mutant)(nil)
+
+	_ store.Fingerprinter = (*mutant)(nil)
+	_ storetest.Faults    = (*mutant)(nil)
 )
 
 var errLost = errors.New("mutant: reply lost")
@@ -332,7 +349,7 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 		if m.is("done: already-done Until is wrong") {
 			until = r.lease.Add(m.ttl)
 		}
-		return store.Result{Outcome: store.AlreadyDone, Until: until}, m.replyLost()
+		return store.Result{Outcome: store.AlreadyDone, Until: until, Fingerprint: r.fp}, m.replyLost()
 	case r.state == store.Claimed && (m.live(now, r.lease) || m.is("claimed: a lapsed lease is never reclaimed")) && !m.is("claimed: a claim steals a live lease"):
 		if m.is("claimed: a held claim raises the fence") {
 			r.fence++
@@ -341,9 +358,12 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 		if m.is("claimed: held-by-other Until is wrong") {
 			until = r.expiry
 		}
-		return store.Result{Outcome: store.HeldByOther, Until: until}, m.replyLost()
+		return store.Result{Outcome: store.HeldByOther, Until: until, Fingerprint: m.leftover(r)}, m.replyLost()
 	}
 	r.state, r.token, r.claimedAt = store.Claimed, token, now
+	if !m.is("a reclaim keeps the old fingerprint") && !m.is("every outcome reports the stored fingerprint") {
+		r.fp = ""
+	}
 	r.fence++
 	if m.is("claimed: a reclaim restarts the fence at 1") {
 		r.fence = 1
@@ -360,12 +380,30 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 	if m.is("the lease expiry reported is not the one stored") {
 		reported = now.Add(2 * lease)
 	}
-	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: r.fence, Token: token, LeaseExpiry: reported}}, m.replyLost()
+	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: r.fence, Token: token, LeaseExpiry: reported}, Fingerprint: m.leftover(r)}, m.replyLost()
+}
+
+// leftover is the fingerprint a Won or HeldByOther result reports: none,
+// but for the mutant that reports the stored one whatever the outcome.
+func (m *mutant) leftover(r *rec) string {
+	if m.is("every outcome reports the stored fingerprint") {
+		return r.fp
+	}
+	return ""
 }
 
 func (m *mutant) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return m.CompleteFingerprint(ctx, c, "")
+}
+
+func (m *mutant) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if err := m.validKey(c.Key, m.is("complete does not validate its key")); err != nil {
 		return false, err
+	}
+	if !m.is("fingerprints are not validated") && !m.is("fingerprints are validated only on claimed records") {
+		if err := store.ValidateFingerprint(fp); err != nil {
+			return false, err
+		}
 	}
 	if err := m.ctxErr(ctx, m.is("complete ignores a cancelled ctx")); err != nil {
 		return false, err
@@ -379,14 +417,24 @@ func (m *mutant) Complete(ctx context.Context, c store.Claim) (bool, error) {
 		m.lose = false
 		return true, nil
 	}
-	ok := m.complete(c)
+	if m.is("fingerprints are validated only on claimed records") {
+		if r, ok := m.recs[m.canon(c.Key)]; ok && r.state == store.Claimed {
+			if err := store.ValidateFingerprint(fp); err != nil {
+				return false, err
+			}
+		}
+	}
+	ok := m.complete(c, fp)
 	if m.replyLost() {
+		if m.is("a lost complete drops the fingerprint on retry") {
+			m.recs[m.canon(c.Key)].fp = ""
+		}
 		return false, fmt.Errorf("mutant: complete: %w", errLost)
 	}
 	return ok, nil
 }
 
-func (m *mutant) complete(c store.Claim) bool {
+func (m *mutant) complete(c store.Claim, fp string) bool {
 	now := m.clock.Now()
 	ck := m.canon(c.Key)
 	r, ok := m.recs[ck]
@@ -398,6 +446,9 @@ func (m *mutant) complete(c store.Claim) bool {
 		return false
 	}
 	if r.fence != c.Fence && !m.is("complete ignores the fence") {
+		if m.is("a stale complete stores its fingerprint") && fp != "" {
+			r.fp = fp
+		}
 		return false
 	}
 	if r.token != c.Token && !m.is("complete ignores the fence") && !m.is("complete matches the fence but not the token") {
@@ -406,6 +457,9 @@ func (m *mutant) complete(c store.Claim) bool {
 	if r.state == store.Done {
 		if m.is("complete of a done key answers false") {
 			return false
+		}
+		if fp != "" && (m.is("a retried complete overwrites the fingerprint") || m.is("a retried complete fills in a missing fingerprint") && r.fp == "") {
+			r.fp = fp
 		}
 		if m.is("done: a second complete restarts the ttl") {
 			r.expiry = now.Add(m.ttl)
@@ -419,6 +473,21 @@ func (m *mutant) complete(c store.Claim) bool {
 		return true
 	}
 	r.state = store.Done
+	switch {
+	case m.is("complete with a fingerprint drops it"):
+		r.fp = ""
+	case m.is("fingerprints are truncated at 64 bytes"):
+		r.fp = fp[:min(len(fp), 64)]
+	case m.is("fingerprints are trimmed"):
+		r.fp = strings.TrimSpace(fp)
+	case m.is("a reclaim keeps the old fingerprint") && fp == "":
+	default:
+		r.fp = fp
+	}
+	if m.is("a complete with a fingerprint counts the ttl from claim") && fp != "" {
+		r.expiry = r.claimedAt.Add(m.ttl)
+		return true
+	}
 	switch m.bug {
 	case "done: a done key is not suppressed":
 		r.expiry = now

@@ -27,8 +27,9 @@
 //
 // The optional parts of the port are checked when the backend has them. A
 // backend that does not implement [store.Extender] skips the two cases about
-// Extend, one without [store.Purger] skips the case about PurgeExpired, and
-// a [Harness] without [Faults] skips the four cases about lost replies and
+// Extend, one without [store.Purger] skips the case about PurgeExpired, one
+// without [store.Fingerprinter] skips the cases about payload fingerprints,
+// and a [Harness] without [Faults] skips the cases about lost replies and
 // cut connections; each skip says what it left unchecked. Every other case
 // runs for every backend, and the cases that also touch an optional method
 // (invalid keys, cancelled contexts, a claim from before a deletion, the
@@ -163,6 +164,14 @@ var rules = []rule{
 	{"purge_removes_only_expired_records", purge},
 	{"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record", claimFromBeforeDeletion},
 	{"concurrent_histories_are_linearizable_with_leases_that_lapse", historyCase},
+	{"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done", fpReported},
+	{"a_plain_complete_stores_no_fingerprint", fpPlain},
+	{"a_retried_complete_with_the_same_fence_keeps_the_first_fingerprint", fpRetried},
+	{"a_stale_or_released_claim_stores_no_fingerprint", fpStale},
+	{"a_reclaim_after_the_ttl_leaves_no_fingerprint_behind", fpReclaim},
+	{"invalid_fingerprints_are_refused_and_change_nothing", fpInvalid},
+	{"fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen", fpVerbatim},
+	{"a_complete_with_a_fingerprint_whose_reply_was_lost_is_safe_to_retry", fpLost},
 }
 
 type env struct {
@@ -246,6 +255,9 @@ func (e *env) claim(key string, lease time.Duration) store.Result {
 	after := e.h.Now()
 	if err != nil {
 		e.t.Fatalf("Claim(%q, %v): %v", key, lease, err)
+	}
+	if r.Outcome != store.AlreadyDone && r.Fingerprint != "" {
+		e.t.Fatalf("Claim(%q): %v with fingerprint %q; only already done reports one", key, r.Outcome, r.Fingerprint)
 	}
 	if r.Outcome == store.Won {
 		// The new lease runs for lease from the backend's now, which lies
@@ -568,6 +580,9 @@ func noRecord(t *testing.T, e *env) {
 	k := e.key()
 	ghost := store.Claim{Key: k, Fence: 1, Token: "ghost", LeaseExpiry: time.Now().Add(time.Hour)}
 	e.complete(ghost, false)
+	if f, ok := e.h.Backend.(store.Fingerprinter); ok {
+		e.completeFP(f, ghost, "ghost", false)
+	}
 	e.release(ghost)
 	c := e.won(k, e.long())
 	if c.Fence != 1 {
@@ -721,6 +736,11 @@ func invalidKeys(t *testing.T, e *env) {
 				t.Errorf("Extend(%.20q...): err = %v, want ErrInvalidKey", k, err)
 			}
 		}
+		if f, ok := e.h.Backend.(store.Fingerprinter); ok {
+			if ok, err := f.CompleteFingerprint(e.ctx, c, "fp"); ok || !errors.Is(err, store.ErrInvalidKey) {
+				t.Errorf("CompleteFingerprint(%.20q...) = %v, %v, want ErrInvalidKey", k, ok, err)
+			}
+		}
 	}
 	// The longest valid key is valid.
 	long := e.key() + "/"
@@ -761,6 +781,11 @@ func cancelledContext(t *testing.T, e *env) {
 	if x, ok := e.h.Backend.(store.Extender); ok {
 		if _, err := x.Extend(dead, c, e.long()); !errors.Is(err, context.Canceled) {
 			t.Fatalf("Extend with a cancelled context: err = %v, want context.Canceled", err)
+		}
+	}
+	if f, ok := e.h.Backend.(store.Fingerprinter); ok {
+		if ok, err := f.CompleteFingerprint(dead, c, "fp"); ok || !errors.Is(err, context.Canceled) {
+			t.Fatalf("CompleteFingerprint with a cancelled context = %v, %v, want context.Canceled", ok, err)
 		}
 	}
 	// The refused calls changed nothing: c still holds the key, at fence 1.
@@ -1472,6 +1497,9 @@ func claimFromBeforeDeletion(t *testing.T, e *env) {
 		t.Logf("the record was kept (fence %d): the fence alone tells the claims apart", fresh.Fence)
 	}
 	e.complete(old, false)
+	if f, ok := e.h.Backend.(store.Fingerprinter); ok {
+		e.completeFP(f, old, "from before the deletion", false)
+	}
 	e.release(old)
 	if x, ok := e.h.Backend.(store.Extender); ok {
 		if _, err := x.Extend(e.ctx, old, e.long()); !errors.Is(err, store.ErrLost) {

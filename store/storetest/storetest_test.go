@@ -15,7 +15,8 @@ import (
 )
 
 // minimal is a backend with the port's three methods and nothing else: no
-// Extend, no PurgeExpired, and no Faults (it is the fake behind them).
+// Extend, no PurgeExpired, no CompleteFingerprint, and no Faults (it is the
+// fake behind them).
 type minimal struct{ s *fake.Store }
 
 func (m minimal) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
@@ -51,9 +52,9 @@ func TestSuiteOn(t *testing.T) {
 	})
 }
 
-// A backend without Extender, Purger or Faults still gets every case but
-// those that need them, and each of those skips saying which part of the
-// port it left unchecked; a backend with all three skips nothing.
+// A backend without Extender, Purger, Fingerprinter or Faults still gets
+// every case but those that need them, and each of those skips saying which
+// part of the port it left unchecked; a backend with all four skips nothing.
 func TestOptionalCasesSkipWithTheirReasonAndNoOthers(t *testing.T) {
 	if _, ok := os.LookupEnv("STORETEST_BACKEND"); ok {
 		t.Skip("inside a suite run")
@@ -66,6 +67,15 @@ func TestOptionalCasesSkipWithTheirReasonAndNoOthers(t *testing.T) {
 		"a_complete_whose_reply_was_lost_is_safe_to_retry":                   "Harness.Faults is nil: retry safety",
 		"a_release_whose_reply_was_lost_is_safe_to_retry":                    "Harness.Faults is nil: retry safety",
 		"calls_cut_mid_flight_win_nothing_twice_and_converge":                "Harness.Faults is nil: retry safety",
+
+		"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done":  "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"a_plain_complete_stores_no_fingerprint":                              "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"a_retried_complete_with_the_same_fence_keeps_the_first_fingerprint":  "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"a_stale_or_released_claim_stores_no_fingerprint":                     "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"a_reclaim_after_the_ttl_leaves_no_fingerprint_behind":                "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"invalid_fingerprints_are_refused_and_change_nothing":                 "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen":            "does not implement store.Fingerprinter: payload fingerprints are not checked",
+		"a_complete_with_a_fingerprint_whose_reply_was_lost_is_safe_to_retry": "does not implement store.Fingerprinter: payload fingerprints are not checked",
 	}
 	full, minimal := suiteOn(t, "full"), suiteOn(t, "minimal")
 	if len(full.passed) < 30 || len(full.skipped) > 0 || len(full.failed) > 0 {
