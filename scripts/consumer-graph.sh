@@ -7,7 +7,8 @@
 #
 # The rule, per consumer (the modules each must not have):
 #   root only      no backend driver, no grpc, no genproto
-#   redislock      no Datastore/Google API/grpc/genproto, no pgx, MySQL, SQLite
+#   redislock      no Datastore/Google API/grpc/genproto, no pgx, MySQL, SQLite,
+#                  no bsm/redislock (its benchmarks only: internal/benchtest)
 #   sqllock        no go-redis, no Datastore/grpc/genproto, and no SQL driver
 #                  at all: the user picks one
 #   datastorelock  no go-redis, pgx, MySQL or SQLite
@@ -62,7 +63,7 @@ check() { # name, forbidden-regexp, packages...
 }
 
 check root-only "$drivers|$google" "$M" "$M/fake"
-check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|modernc.org/sqlite" "$M" "$M/store/redislock"
+check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|modernc.org/sqlite|github.com/bsm/redislock" "$M" "$M/store/redislock"
 check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
 check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"

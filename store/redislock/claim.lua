@@ -1,5 +1,5 @@
 -- claim.lua: create, reclaim or report the record for one key, atomically.
--- Runs after record.lua (the format, load_record, save_record, now).
+-- Runs after record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  lease in milliseconds (integer > 0)
@@ -27,26 +27,31 @@
 --
 -- Instants: a lease is live while now < lease expiry and lapsed from then;
 -- a done record suppresses while now < expires-at and is reclaimable from
--- then. Time is the server's (TIME), never a client's.
-local s, f, at, t, fp = load_record(KEYS[1])
-local fence = 0
-if s then
-  fence = f
+-- then. Time is the server's (TIME), never a client's. A fresh key costs
+-- two commands: TIME, and a SET NX ... GET that creates the record or
+-- returns the one there.
+if ARGV[4] == 'resend' then
+  local s, f, at, t = load_record(KEYS[1])
   if s == 'c' and t == ARGV[3] then
     return {1, f, at}
   end
-end
-if ARGV[4] == 'resend' then
-  return {4, fence, 0}
+  return {4, f or 0, 0}
 end
 local n = now()
-if s == 'd' and n < at then
-  return {2, f, at, fp}
+local lease = n + tonumber(ARGV[1])
+local expires = lease + tonumber(ARGV[2])
+local old = redis.pcall('SET', KEYS[1], claimed_value(1, lease, ARGV[3]), 'NX', 'PXAT', string.format('%d', expires), 'GET')
+if not old then
+  return {1, 1, lease}
 end
-if s == 'c' and n < at then
+local s, f, at, t, fp = decode(KEYS[1], old)
+if s == 'd' then
+  at = redis.call('PEXPIRETIME', KEYS[1])
+  if n < at then
+    return {2, f, at, fp}
+  end
+elseif n < at then
   return {3, f, at}
 end
-fence = fence + 1
-local lease = n + tonumber(ARGV[1])
-save_record(KEYS[1], 'c', fence, lease, ARGV[3], '', lease + tonumber(ARGV[2]))
-return {1, fence, lease}
+save_claimed(KEYS[1], f + 1, lease, ARGV[3], expires)
+return {1, f + 1, lease}

@@ -1,5 +1,5 @@
 -- complete.lua: mark a claimed record done if the caller's claim is current.
--- Runs after record.lua (the format, load_record, save_record, now).
+-- Runs after record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  the caller's fence
@@ -8,22 +8,22 @@
 -- ARGV[4]  the payload fingerprint to store ('' for none)
 --
 -- Returns 1 if the record is done with that fence and token afterwards
--- (completing a done record again changes nothing, its fingerprint
--- included, so a resend after a lost reply, with the same ARGV, finds its
--- own completion), 0 if the fence is stale, the token is another claim's,
--- or the record is gone. There is no lease test: the fence decides
+-- (completing a done record again changes nothing, its fingerprint and
+-- expiry included, so a resend after a lost reply, with the same ARGV,
+-- finds its own completion), 0 if the fence is stale, the token is another
+-- claim's, or the record is gone. There is no lease test: the fence decides
 -- ownership. The token only tells apart a record created afresh after this
 -- claim's record was reaped, whose fence restarted at 1 and may equal the
 -- caller's.
 --
--- A done record expires at completion time + ttl, by the server's clock.
-local s, f, at, t = load_record(KEYS[1])
+-- A done record expires at completion time + ttl, by the server's clock
+-- (SET ... PX ttl): two commands, GET and SET.
+local s, f, _, t = load_record(KEYS[1])
 if not s or f ~= tonumber(ARGV[1]) or t ~= ARGV[3] then
   return 0
 end
 if s == 'd' then
   return 1
 end
-local expires = now() + tonumber(ARGV[2])
-save_record(KEYS[1], 'd', f, expires, t, ARGV[4], expires)
+save_done(KEYS[1], f, t, ARGV[4], ARGV[2])
 return 1

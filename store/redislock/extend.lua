@@ -1,5 +1,5 @@
 -- extend.lua: renew the lease of a claim that is current.
--- Runs after record.lua (the format, load_record, save_record, now).
+-- Runs after record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  the caller's fence
@@ -12,10 +12,10 @@
 -- again, so the backend never resends it after an attempt that may have
 -- run. The fence does not change. Like Complete it has no lease test: a
 -- holder whose lease lapsed but whom nobody replaced may renew.
-local s, f, at, t = load_record(KEYS[1])
+local s, f, _, t = load_record(KEYS[1])
 if s ~= 'c' or f ~= tonumber(ARGV[1]) or t ~= ARGV[4] then
   return 0
 end
 local lease = now() + tonumber(ARGV[2])
-save_record(KEYS[1], 'c', f, lease, t, '', lease + tonumber(ARGV[3]))
+save_claimed(KEYS[1], f, lease, t, lease + tonumber(ARGV[3]))
 return lease

@@ -9,14 +9,14 @@
 // per record makes every operation Redis Cluster safe; a key with a
 // {hash tag} lands in that tag's slot.
 //
-// A record is one string under prefix+key,
-// "<state><fence>,<instant>,<token>[,<fingerprint>]": state c (claimed,
-// the instant is the lease expiry) or d (done, the instant is the
-// expires-at), the instant in Unix ms by the server's clock, the winning
-// claim's token, and a done record's payload fingerprint when one was
-// given ([Backend.CompleteFingerprint]). Each script writes it with SET
-// ... PXAT expires-at, so Redis deletes a record exactly when the contract
-// allows and not before. Records of the earlier format (a hash with fields
+// A record is one string under prefix+key: "c<fence>,<lease expiry>,<token>"
+// while claimed (the lease expiry in Unix ms by the server's clock, the
+// key set to expire at lease expiry + ttl with SET ... PXAT), and
+// "d<fence>,,<token>[,<fingerprint>]" once done (the key set to expire ttl
+// after the completion with SET ... PX: that expiry is the record's
+// expires-at), with the winning claim's token and the payload fingerprint
+// given to [Backend.CompleteFingerprint]. Redis deletes a record exactly
+// when the contract allows and not before. Records of the earlier format (a hash with fields
 // s, f, l, e, t) are still read, so an upgrade keeps live keys; the next
 // write replaces one with the string form. An instance of the earlier
 // version fails (an error, so the delivery is nacked and redelivered) on a
@@ -26,7 +26,7 @@
 // delivery in flight may then run twice. So does a failover to a replica
 // that had not yet received the latest writes (replication is
 // asynchronous; Memorystore's standard tier fails over this way). The
-// scripts need Redis 6.2 or later (SET ... PXAT).
+// scripts need Redis 7.0 or later (SET ... NX GET, PEXPIRETIME).
 //
 // Complete, Release and Extend act on a record only when both its fence
 // and its token are the claim's: the fence decides, as the port says, and

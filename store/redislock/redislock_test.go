@@ -313,7 +313,7 @@ func TestAHolderOutlivingItsRecordCannotTouchTheNextOne(t *testing.T) {
 type stored struct {
 	State       string // "c" or "d"
 	Fence       int64
-	At          int64 // ms: the lease expiry (claimed) or the expires-at (done)
+	At          int64 // ms: the lease expiry (claimed) or the expires-at (done: the key's expiry)
 	Token       string
 	Fingerprint string
 }
@@ -353,12 +353,20 @@ func readRecord(t testing.TB, c *redis.Client, raw string) stored {
 		r := stored{State: m[1], Token: m[4], Fingerprint: m[5]}
 		fmt.Sscan(m[2], &r.Fence)
 		fmt.Sscan(m[3], &r.At)
+		if r.State == "d" { // its expires-at is the key's expiry
+			if m[3] != "" {
+				t.Fatalf("the done record at %s stores an instant: %q", raw, v)
+			}
+			if r.At, err = c.Do(ctx, "PEXPIRETIME", raw).Int64(); err != nil {
+				t.Fatal(err)
+			}
+		}
 		return r
 	}
 	t.Fatalf("no record at %s (type %s)", raw, typ)
 	return stored{}
 }
 
-// recordFormat is record.lua's format: state, fence, instant, token and an
-// optional fingerprint.
-var recordFormat = regexp.MustCompile(`(?s)^([cd])([0-9]+),([0-9]+),([^,]*)(?:,(.*))?$`)
+// recordFormat is record.lua's format: state, fence, lease expiry (claimed
+// only), token and an optional fingerprint (done only).
+var recordFormat = regexp.MustCompile(`(?s)^([cd])([0-9]+),([0-9]*),([^,]*)(?:,(.*))?$`)

@@ -1,5 +1,5 @@
 -- release.lua: give up a claim: end its lease now and raise the fence.
--- Runs after record.lua (the format, load_record, save_record, now).
+-- Runs after record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  the caller's fence
@@ -12,10 +12,10 @@
 -- returns 0. The record is never deleted: a fresh record would restart the
 -- fence at 1. It expires at the release time + ttl, as a lease that lapsed
 -- then would.
-local s, f, at, t = load_record(KEYS[1])
+local s, f, _, t = load_record(KEYS[1])
 if s ~= 'c' or f ~= tonumber(ARGV[1]) or t ~= ARGV[3] then
   return 0
 end
 local n = now()
-save_record(KEYS[1], 'c', f + 1, n, t, '', n + tonumber(ARGV[2]))
+save_claimed(KEYS[1], f + 1, n, t, n + tonumber(ARGV[2]))
 return 1

@@ -1,0 +1,28 @@
+module github.com/gcp-pubsub-idempotency/idempotency/store/redislock/internal/benchtest
+
+go 1.26.0
+
+// The modules of this checkout, not published yet.
+replace (
+	github.com/gcp-pubsub-idempotency/idempotency => ../../../..
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock => ../..
+)
+
+require (
+	github.com/bsm/redislock v0.9.4
+	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.0.0-00010101000000-000000000000
+	github.com/redis/go-redis/v9 v9.23.0
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/cloudevents/sdk-go/v2 v2.16.2 // indirect
+	github.com/json-iterator/go v1.1.12 // indirect
+	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
+	github.com/modern-go/reflect2 v1.0.2 // indirect
+	go.uber.org/atomic v1.12.0 // indirect
+	go.uber.org/multierr v1.11.0 // indirect
+	go.uber.org/zap v1.27.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)
