@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -84,6 +85,10 @@ const opTimeout = 10 * time.Second
 // second or two). With h.Faults, replies are lost and connections cut at
 // random; a call that returns an error is recorded with an unknown outcome.
 // When the backend is a [store.Purger], PurgeExpired runs now and then.
+// When it is a [store.Fingerprinter], every Complete is a
+// CompleteFingerprint with a fingerprint of the claim's own (none for about
+// one claim in four), and every AlreadyDone must report the fingerprint of
+// the completion that made the record done, every other outcome none.
 //
 // Every call is recorded with its window on the backend's clock (h.Now
 // before and after it). The checker (github.com/anishathalye/porcupine)
@@ -135,6 +140,7 @@ type historyRun struct {
 	base   string
 	gens   []atomic.Int64 // per key in play: the generation of its current key
 	x      store.Extender
+	f      store.Fingerprinter
 	leases []time.Duration
 	// Real time: call i starts no earlier than start + i*gap.
 	start time.Time
@@ -187,6 +193,7 @@ func checkHistory(t historyT, h Harness, o HistoryOptions) historyStats {
 	}
 	r := &historyRun{t: t, h: h, o: o, ctx: t.Context()}
 	r.x, _ = h.Backend.(store.Extender)
+	r.f, _ = h.Backend.(store.Fingerprinter)
 	r.leases = []time.Duration{h.Step, 2 * h.Step, 4 * h.Step}
 	r.base = fmt.Sprintf("storetest/history/%016x", rand.Uint64())
 	r.gens = make([]atomic.Int64, o.Keys)
@@ -498,7 +505,7 @@ func (r *historyRun) claim(id, k int, lease time.Duration, log *clientLog) (stor
 		if err != nil {
 			return failed(err)
 		}
-		out := hOutput{outcome: res.Outcome, until: unixNano(res.Until)}
+		out := hOutput{outcome: res.Outcome, until: unixNano(res.Until), fp: res.Fingerprint}
 		if res.Outcome == store.Won {
 			won = res.Claim
 			out.fence, out.token, out.expiry = res.Claim.Fence, res.Claim.Token, unixNano(res.Claim.LeaseExpiry)
@@ -522,11 +529,35 @@ func (r *historyRun) claim(id, k int, lease time.Duration, log *clientLog) (stor
 	return store.Result{Outcome: out.outcome, Claim: won}, true
 }
 
-// complete returns the result and whether it is unknown.
+// fingerprintOf is the payload fingerprint a client completes claim c with
+// on a store.Fingerprinter: one of its own, so that a fingerprint stored by
+// the wrong claim shows, and none for about one claim in four, so that
+// plain completions mix with the others on every key. A retry of the same
+// claim's complete carries the same one, as the verbs' retries do.
+func fingerprintOf(c store.Claim) string {
+	h := fnv.New32a()
+	h.Write([]byte(c.Token))
+	if h.Sum32()%4 == 0 {
+		return ""
+	}
+	return "fp/" + c.Token
+}
+
+// complete returns the result and whether it is unknown. On a
+// store.Fingerprinter it calls CompleteFingerprint.
 func (r *historyRun) complete(id, k int, c store.Claim, zombie bool, log *clientLog) (bool, bool) {
 	in := hInput{kind: opComplete, key: k, client: id, fence: c.Fence, token: c.Token, zombie: zombie && r.lapsed(c)}
+	if r.f != nil {
+		in.fp = fingerprintOf(c)
+	}
 	out, ok := r.call(in, log, func(ctx context.Context) hOutput {
-		done, err := r.h.Backend.Complete(ctx, c)
+		var done bool
+		var err error
+		if r.f != nil {
+			done, err = r.f.CompleteFingerprint(ctx, c, in.fp)
+		} else {
+			done, err = r.h.Backend.Complete(ctx, c)
+		}
 		if err != nil {
 			return failed(err)
 		}
@@ -588,6 +619,7 @@ func unixNano(t time.Time) int64 {
 type historyStats struct {
 	calls, unknown               int
 	won, held, done              int
+	doneWithFP                   int // already done reporting a fingerprint
 	completed, refused, releases int
 	extended, lostExt, zombies   int
 	lapses, ttlEnds, restarts    int
@@ -596,9 +628,9 @@ type historyStats struct {
 }
 
 func (s historyStats) String() string {
-	return fmt.Sprintf("claims won %d, held by other %d, already done %d; completes true %d, false %d; releases %d; "+
+	return fmt.Sprintf("claims won %d, held by other %d, already done %d (%d with a fingerprint); completes true %d, false %d; releases %d; "+
 		"extends %d, lost %d; zombie calls %d; unknown outcomes %d; reclaims after a lapsed lease %d, after the ttl %d; fences restarted at 1 %d",
-		s.won, s.held, s.done, s.completed, s.refused, s.releases, s.extended, s.lostExt, s.zombies, s.unknown,
+		s.won, s.held, s.done, s.doneWithFP, s.completed, s.refused, s.releases, s.extended, s.lostExt, s.zombies, s.unknown,
 		s.lapses, s.ttlEnds, s.restarts)
 }
 
@@ -636,6 +668,9 @@ func summarize(ops []porcupine.Operation) historyStats {
 				s.held++
 			case store.AlreadyDone:
 				s.done++
+				if out.fp != "" {
+					s.doneWithFP++
+				}
 			}
 		case opComplete:
 			if out.ok {

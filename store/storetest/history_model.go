@@ -49,6 +49,7 @@ type hInput struct {
 	from   int64         // Harness.Now before the call
 	to     int64         // Harness.Now after the call
 	zombie bool          // the caller's lease had lapsed on Harness.Now before the call
+	fp     string        // Complete: the fingerprint passed to CompleteFingerprint
 }
 
 // hOutput is what the call returned.
@@ -70,6 +71,7 @@ type hOutput struct {
 	token   string // Won
 	expiry  int64  // Won, Extend: the lease expiry reported
 	until   int64  // HeldByOther, AlreadyDone: Until, 0 when not reported
+	fp      string // Claim: Result.Fingerprint
 	ok      bool   // Complete
 	lost    bool   // Extend returned ErrLost
 }
@@ -86,6 +88,8 @@ type rec struct {
 	leaseLo, leaseHi int64
 	// The expires-at instant lies in [expLo, expHi].
 	expLo, expHi int64
+	// fp is the fingerprint a Done record was completed with.
+	fp string
 }
 
 type model struct {
@@ -125,6 +129,9 @@ func (m *model) porcupine() porcupine.Model {
 			}
 			for i := 0; i < len(s.token); i++ {
 				h = (h ^ uint64(s.token[i])) * 1099511628211
+			}
+			for i := 0; i < len(s.fp); i++ {
+				h = (h ^ uint64(s.fp[i])) * 1099511628211
 			}
 			if s.exists {
 				h ^= 1
@@ -199,7 +206,7 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 				return []rec{r}
 			}
 			return []rec{{exists: true, done: true, fence: r.fence, token: r.token,
-				expLo: from + m.ttl, expHi: hi + m.ttl}}
+				expLo: from + m.ttl, expHi: hi + m.ttl, fp: in.fp}}
 		}
 		return unchanged() // false
 	case opRelease:
@@ -239,6 +246,11 @@ func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
 }
 
 func (m *model) claim(r rec, from, hi int64, in hInput, out hOutput) []rec {
+	// Only AlreadyDone reports a fingerprint: the one its record was
+	// completed with.
+	if !out.unknown && out.fp != "" && out.outcome != store.AlreadyDone {
+		return nil
+	}
 	if out.unknown {
 		f, at, ok := m.claimable(r, from, hi)
 		if !ok {
@@ -279,7 +291,7 @@ func (m *model) claim(r rec, from, hi int64, in hInput, out hOutput) []rec {
 		}
 		return []rec{r}
 	case store.AlreadyDone:
-		if !r.exists || !r.done {
+		if !r.exists || !r.done || out.fp != r.fp {
 			return nil
 		}
 		if out.until != 0 {
@@ -354,6 +366,9 @@ func (m *model) describeState(r rec) string {
 	case !r.exists:
 		return "absent"
 	case r.done:
+		if r.fp != "" {
+			return fmt.Sprintf("done fence %d, fingerprint %q, expires %s", r.fence, r.fp, m.span(r.expLo, r.expHi))
+		}
 		return fmt.Sprintf("done fence %d, expires %s", r.fence, m.span(r.expLo, r.expHi))
 	}
 	return fmt.Sprintf("claimed fence %d, lease until %s", r.fence, m.span(r.leaseLo, r.leaseHi))
@@ -366,6 +381,9 @@ func (m *model) describeOp(in hInput, out hOutput) string {
 		call = fmt.Sprintf("Claim(lease %v)", in.lease)
 	case opComplete:
 		call = fmt.Sprintf("Complete(fence %d)", in.fence)
+		if in.fp != "" {
+			call = fmt.Sprintf("CompleteFingerprint(fence %d, %q)", in.fence, in.fp)
+		}
 	case opRelease:
 		call = fmt.Sprintf("Release(fence %d)", in.fence)
 	case opExtend:
@@ -390,6 +408,9 @@ func (m *model) describeOp(in hInput, out hOutput) string {
 			res += fmt.Sprintf(" fence %d, lease until %s", out.fence, m.at(out.expiry))
 		} else if out.until != 0 {
 			res += " until " + m.at(out.until)
+		}
+		if out.fp != "" {
+			res += fmt.Sprintf(", fingerprint %q", out.fp)
 		}
 	case in.kind == opComplete:
 		res = fmt.Sprint(out.ok)

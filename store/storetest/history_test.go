@@ -75,7 +75,7 @@ func requireExercised(t *testing.T, st historyStats, ops int, faults bool) {
 		t.Errorf("%d calls, want at least %d", st.calls, ops)
 	}
 	for name, n := range map[string]int{
-		"won": st.won, "held by other": st.held, "already done": st.done,
+		"won": st.won, "held by other": st.held, "already done": st.done, "already done with a fingerprint": st.doneWithFP,
 		"complete true": st.completed, "complete false": st.refused, "release": st.releases,
 		"extend": st.extended, "extend lost": st.lostExt, "zombie call": st.zombies,
 		"reclaim after a lapsed lease": st.lapses, "reclaim after the ttl": st.ttlEnds,
@@ -106,6 +106,8 @@ func TestHistoryFlagsBrokenBackends(t *testing.T) {
 		"extend answers lost for the current claim",
 		"purge deletes records whose lease lapsed",
 		"held by other until past the lease",
+		"claims report a fingerprint from the record's earlier life",
+		"a zombie's complete stores its fingerprint",
 	}
 	html := regexp.MustCompile(`\S+storetest-history-\S+\.html`)
 	for _, bug := range bugs {
@@ -113,7 +115,13 @@ func TestHistoryFlagsBrokenBackends(t *testing.T) {
 			t.Parallel()
 			_, h := newBroken(t, bug)
 			rec := &recorder{T: t}
-			checkHistory(rec, h, HistoryOptions{Ops: 4000, Keys: 20})
+			o := HistoryOptions{Ops: 4000, Keys: 20}
+			if strings.Contains(bug, "earlier life") {
+				// Purges delete most records once their ttl ends, and a
+				// deleted record has no earlier life to leak from.
+				o.PurgeEvery = -1
+			}
+			checkHistory(rec, h, o)
 			msg := strings.Join(rec.errors, "\n")
 			if !strings.Contains(msg, "NOT LINEARIZABLE") {
 				t.Fatalf("the checker did not flag a backend where %s; it reported: %q", bug, msg)
@@ -191,11 +199,15 @@ func (l *lossy) Claim(ctx context.Context, key string, lease time.Duration) (sto
 }
 
 func (l *lossy) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return l.CompleteFingerprint(ctx, c, "")
+}
+
+func (l *lossy) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	before, after := l.fault()
 	if before {
 		return false, errLost
 	}
-	ok, err := l.Store.Complete(ctx, c)
+	ok, err := l.Store.CompleteFingerprint(ctx, c, fp)
 	if after {
 		return false, errLost
 	}
@@ -249,6 +261,7 @@ type brec struct {
 	fence        int64
 	claimedAt    time.Time
 	lease, until time.Time // until: expires-at
+	fp           string
 }
 
 func newBroken(t *testing.T, bug string) (*broken, Harness) {
@@ -286,16 +299,24 @@ func (b *broken) Claim(ctx context.Context, key string, lease time.Duration) (st
 		r = &brec{}
 		b.recs[key] = r
 	case r.done && (now.Before(r.until) || b.bug == "already done after the ttl" && now.Before(r.until.Add(b.ttl/4))):
-		return store.Result{Outcome: store.AlreadyDone, Until: r.until}, nil
+		return store.Result{Outcome: store.AlreadyDone, Until: r.until, Fingerprint: r.fp}, nil
 	case !r.done && now.Before(r.lease) && b.bug == "two claims win a live lease" && b.rng.IntN(20) == 0:
 		// steal it
 	case !r.done && now.Before(r.lease):
-		return store.Result{Outcome: store.HeldByOther, Until: r.lease}, nil
+		res := store.Result{Outcome: store.HeldByOther, Until: r.lease}
+		if b.bug == "claims report a fingerprint from the record's earlier life" {
+			res.Fingerprint = r.fp
+		}
+		return res, nil
 	case !r.done && now.Before(r.lease.Add(b.step)) && b.bug == "held by other until past the lease":
 		return store.Result{Outcome: store.HeldByOther, Until: r.lease}, nil
 	}
 	b.n++
+	old := r.fp
 	*r = brec{fence: r.fence + 1, claimedAt: now, lease: now.Add(lease), until: now.Add(lease + b.ttl)}
+	if b.bug == "claims report a fingerprint from the record's earlier life" {
+		r.fp = old
+	}
 	c := store.Claim{Key: key, Fence: r.fence, Token: fmt.Sprint("b", b.n), LeaseExpiry: r.lease}
 	if b.bug == "the lease expiry is reported a step late" && b.rng.IntN(20) == 0 {
 		c.LeaseExpiry = c.LeaseExpiry.Add(b.step)
@@ -307,10 +328,18 @@ func (b *broken) Claim(ctx context.Context, key string, lease time.Duration) (st
 		}
 		return store.Result{}, errLost
 	}
-	return store.Result{Outcome: store.Won, Claim: c}, nil
+	res := store.Result{Outcome: store.Won, Claim: c}
+	if b.bug == "claims report a fingerprint from the record's earlier life" {
+		res.Fingerprint = r.fp
+	}
+	return res, nil
 }
 
 func (b *broken) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return b.CompleteFingerprint(ctx, c, "")
+}
+
+func (b *broken) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -318,7 +347,11 @@ func (b *broken) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	defer b.mu.Unlock()
 	r, ok := b.recs[c.Key]
 	res := ok && (r.fence == c.Fence || b.bug == "complete ignores the fence" && !r.done)
+	if ok && !res && r.done && fp != "" && b.bug == "a zombie's complete stores its fingerprint" {
+		r.fp = fp
+	}
 	if res && !r.done {
+		r.fp = fp
 		r.done = true
 		r.until = b.clock.Now().Add(b.ttl)
 		if b.bug == "the ttl runs from the claim, not the completion" {
