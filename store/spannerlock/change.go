@@ -41,8 +41,9 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 		n, err = txn.Update(ctx, stmt)
 		wrote = err == nil && n > 0
 		return err
-	}, func(err error) {
+	}, func(err error) error {
 		unknown = unknown || wrote && unknownCommit(err)
+		return err
 	})
 	if err == nil && n == 0 && unknown {
 		// An earlier commit may have completed the row, which has changed
@@ -81,6 +82,13 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 // in one DML statement that matches key, fence, token and state Claimed
 // and returns the new lease expiry (2 RPCs with the commit). It returns an
 // error wrapping store.ErrLost when nothing matched.
+//
+// A call renews the lease at most once: a run whose statement matched the
+// row and whose Commit failed in a way that leaves it unknown whether it
+// applied is not followed by another (which would renew the lease again
+// from a later instant); Extend returns that error instead. Runs that
+// certainly applied nothing (an aborted or lost transaction, a statement
+// that failed) are run again as any call's.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
@@ -100,13 +108,21 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 		expiry time.Time
 		found  bool
 	)
+	var matched bool // the last run's statement matched and returned
 	err := b.transact(ctx, func(ctx context.Context, txn *spanner.ReadWriteTransaction) error {
-		found = false
-		return txn.Query(ctx, stmt).Do(func(r *spanner.Row) error {
+		found, matched = false, false
+		err := txn.Query(ctx, stmt).Do(func(r *spanner.Row) error {
 			found = true
 			return r.Columns(&expiry)
 		})
-	}, nil)
+		matched = err == nil && found
+		return err
+	}, func(err error) error {
+		if matched && unknownCommit(err) {
+			return fmt.Errorf("%w: %w", errNoResend, err)
+		}
+		return err
+	})
 	if err != nil {
 		return c, fmt.Errorf("spannerlock: extend %q fence %d: %w", c.Key, c.Fence, err)
 	}

@@ -96,10 +96,11 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		}
 		return nil
 	}
-	err := b.transact(ctx, body, func(err error) {
+	err := b.transact(ctx, body, func(err error) error {
 		if wrote && unknownCommit(err) && (unknownSince.IsZero() || seen.Before(unknownSince)) {
 			unknownSince = seen
 		}
+		return err
 	})
 	if err != nil {
 		return store.Result{}, fmt.Errorf("spannerlock: claim %q: %w", key, err)

@@ -83,6 +83,27 @@ type rpcs struct {
 	// whileLost, when set, runs after a reply was lost, before the client
 	// hears of it.
 	whileLost func()
+	// refuse fails the next RPC of method refuse.method with refuse.code
+	// without sending it: a failure that certainly applied nothing.
+	refuse atomic.Pointer[refusal]
+	refused atomic.Int32
+}
+
+// refusal is an RPC that rpcs fails before it is sent.
+type refusal struct {
+	method string
+	code   codes.Code
+}
+
+// refused reports whether the RPC called name is to fail unsent, and
+// consumes the refusal.
+func (r *rpcs) refusing(name string) bool {
+	f := r.refuse.Load()
+	if f == nil || f.method != name || !r.refuse.CompareAndSwap(f, nil) {
+		return false
+	}
+	r.refused.Add(1)
+	return true
 }
 
 func (r *rpcs) record(method string) string {
@@ -95,6 +116,9 @@ func (r *rpcs) record(method string) string {
 
 func (r *rpcs) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	name := r.record(method)
+	if f := r.refuse.Load(); f != nil && r.refusing(name) {
+		return status.Error(f.code, "injected: refused before it was sent")
+	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
 		r.lost.Add(1)
@@ -111,7 +135,10 @@ func (r *rpcs) unary(ctx context.Context, method string, req, reply any, cc *grp
 }
 
 func (r *rpcs) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	r.record(method)
+	name := r.record(method)
+	if f := r.refuse.Load(); f != nil && r.refusing(name) {
+		return nil, status.Error(f.code, "injected: refused before it was sent")
+	}
 	return streamer(ctx, desc, cc, method, opts...)
 }
 

@@ -12,11 +12,15 @@ import (
 // errUnknown reports a call whose write may or may not have applied.
 var errUnknown = errors.New("spannerlock: the outcome is unknown: a commit's reply was lost and the row no longer tells")
 
+// errNoResend ends an Extend's runs: its Commit may have applied although
+// its reply was lost, and another run would renew the lease again.
+var errNoResend = errors.New("spannerlock: the extension may have been applied; not run again")
+
 // retryable reports whether a failed transaction is worth running again:
 // the codes of a transient failure, AlreadyExists (a concurrent Claim
 // inserted the row first; the next run reads it), and a lost transaction.
 func retryable(err error) bool {
-	if errors.Is(err, errUnknown) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, errUnknown) || errors.Is(err, errNoResend) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	switch spanner.ErrCode(err) {
@@ -63,13 +67,15 @@ const maxLost = 100
 // transact runs body in one read-write transaction (the Spanner client
 // reruns it after an abort), runs it again after the transaction was lost
 // (up to maxLost times), and runs the whole again per b.policy after any
-// other retryable failure; failed, when set, hears of each failed run.
-func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, txn *spanner.ReadWriteTransaction) error, failed func(err error)) error {
+// other retryable failure; failed, when set, hears of each failed run and
+// returns the error to go on with (one wrapping errNoResend ends the
+// call).
+func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, txn *spanner.ReadWriteTransaction) error, failed func(err error) error) error {
 	return b.policy.Do(ctx, func(int) error {
 		for n := 0; ; n++ {
 			_, err := b.client.ReadWriteTransaction(ctx, body)
 			if err != nil && failed != nil {
-				failed(err)
+				err = failed(err)
 			}
 			if err == nil || !txLost(err) || n >= maxLost || ctx.Err() != nil {
 				return err

@@ -78,8 +78,11 @@
 // other hands at a time when, had the lost commit applied, others could
 // have taken the key from it already, Claim cannot tell whether it won and
 // returns an error, never HeldByOther or AlreadyDone; Complete returns an
-// error instead of false after an unknown commit. Complete, Release and
-// Extend match key, fence and token, so a repeat changes nothing twice.
+// error instead of false after an unknown commit. Complete and Release
+// match key, fence and token, so a repeat changes nothing twice. Extend is
+// not run again after a Commit that may have applied (another run would
+// renew the lease a second time, from a later instant): it returns the
+// error.
 //
 // A lost reply to the statement that began a transaction inline leaves
 // that transaction open on the server, unknown to the client, until
