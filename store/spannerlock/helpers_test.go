@@ -85,7 +85,7 @@ type rpcs struct {
 	whileLost func()
 	// refuse fails the next RPC of method refuse.method with refuse.code
 	// without sending it: a failure that certainly applied nothing.
-	refuse atomic.Pointer[refusal]
+	refuse  atomic.Pointer[refusal]
 	refused atomic.Int32
 }
 
