@@ -19,16 +19,36 @@ func (b *Backend) params(c store.Claim) map[string]any {
 }
 
 // Complete marks the claim's row Done in one DML statement that matches
-// key, fence and token (2 RPCs with the commit). A Done row with the same
-// fence and token matches too and keeps its expires_at.
+// key, fence and token (2 RPCs with the commit), and clears the row's
+// fingerprint. A Done row with the same fence and token matches too and
+// keeps its expires_at and fingerprint.
 func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return b.complete(ctx, c, "")
+}
+
+// CompleteFingerprint is [Backend.Complete] that also stores fp, a payload
+// fingerprint, in the row it moves to Done (none when fp is empty); a
+// Claim that finds the row Done reports it in Result.Fingerprint. It
+// refuses an fp that store.ValidateFingerprint refuses, before any I/O.
+// The row keeps it in the nullable column fingerprint, STRING(128).
+func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
+	if err := store.ValidateFingerprint(fp); err != nil {
+		return false, fmt.Errorf("spannerlock: complete %q fence %d: %w", c.Key, c.Fence, err)
+	}
+	return b.complete(ctx, c, fp)
+}
+
+func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
+	p := b.params(c)
+	p["fp"] = spanner.NullString{StringVal: fp, Valid: fp != ""}
 	stmt := spanner.Statement{
 		SQL: "UPDATE " + b.table + " SET state = 2, " +
-			"expires_at = IF(state = 1, TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL @ttl MICROSECOND), expires_at)" + guard,
-		Params: b.params(c),
+			"expires_at = IF(state = 1, TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL @ttl MICROSECOND), expires_at), " +
+			"fingerprint = IF(state = 1, @fp, fingerprint)" + guard,
+		Params: p,
 	}
 	var (
 		n       int64

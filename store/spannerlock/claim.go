@@ -10,7 +10,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-var columns = []string{"key", "state", "fence", "lease_expiry", "expires_at", "token"}
+var columns = []string{"key", "state", "fence", "lease_expiry", "expires_at", "token", "fingerprint"}
 
 // row is a record as read, with the server's time of the read.
 type row struct {
@@ -21,13 +21,14 @@ type row struct {
 	lease   time.Time
 	exp     time.Time
 	token   string
+	fp      string // the payload fingerprint of a Done row; "" for none
 }
 
 // read reads key's row in txn together with CURRENT_TIMESTAMP(), in one
 // statement (the transaction's first: it begins the transaction inline).
 func (b *Backend) read(ctx context.Context, txn *spanner.ReadWriteTransaction, key string) (row, error) {
 	stmt := spanner.Statement{
-		SQL: "SELECT CURRENT_TIMESTAMP(), r.state, r.fence, r.lease_expiry, r.expires_at, r.token " +
+		SQL: "SELECT CURRENT_TIMESTAMP(), r.state, r.fence, r.lease_expiry, r.expires_at, r.token, r.fingerprint " +
 			"FROM UNNEST([1]) AS one LEFT JOIN " + b.table + " AS r ON r.key = @key",
 		Params: map[string]any{"key": []byte(key)},
 	}
@@ -36,13 +37,13 @@ func (b *Backend) read(ctx context.Context, txn *spanner.ReadWriteTransaction, k
 		var (
 			state, fence spanner.NullInt64
 			lease, exp   spanner.NullTime
-			token        spanner.NullString
+			token, fp    spanner.NullString
 		)
-		if err := res.Columns(&r.now, &state, &fence, &lease, &exp, &token); err != nil {
+		if err := res.Columns(&r.now, &state, &fence, &lease, &exp, &token, &fp); err != nil {
 			return err
 		}
 		r.present = state.Valid
-		r.state, r.fence, r.lease, r.exp, r.token = state.Int64, fence.Int64, lease.Time, exp.Time, token.StringVal
+		r.state, r.fence, r.lease, r.exp, r.token, r.fp = state.Int64, fence.Int64, lease.Time, exp.Time, token.StringVal, fp.StringVal
 		return nil
 	})
 	if err != nil {
@@ -127,7 +128,9 @@ func (b *Backend) decide(key, token string, lease time.Duration, r row, unknownS
 	}
 	expiry := now.Add(lease)
 	vals := func(fence int64) []any {
-		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expiry.Add(b.ttl), token}
+		// A claim starts without a fingerprint: a reclaim clears the
+		// one an earlier life of the row left.
+		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expiry.Add(b.ttl), token, spanner.NullString{}}
 	}
 	switch {
 	case !r.present:
@@ -135,7 +138,7 @@ func (b *Backend) decide(key, token string, lease time.Duration, r row, unknownS
 	case r.state == stateClaimed && now.Before(r.lease):
 		return store.Result{Outcome: store.HeldByOther, Until: r.lease}, nil, nil
 	case r.state == stateDone && now.Before(r.exp):
-		return store.Result{Outcome: store.AlreadyDone, Until: r.exp}, nil, nil
+		return store.Result{Outcome: store.AlreadyDone, Until: r.exp, Fingerprint: r.fp}, nil, nil
 	}
 	return won(key, token, r.fence+1, expiry), spanner.Update(b.table, columns, vals(r.fence+1)), nil
 }

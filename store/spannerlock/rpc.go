@@ -3,6 +3,7 @@ package spannerlock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	"cloud.google.com/go/spanner"
@@ -71,7 +72,7 @@ const maxLost = 100
 // returns the error to go on with (one wrapping errNoResend ends the
 // call).
 func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, txn *spanner.ReadWriteTransaction) error, failed func(err error) error) error {
-	return b.policy.Do(ctx, func(int) error {
+	err := b.policy.Do(ctx, func(int) error {
 		for n := 0; ; n++ {
 			_, err := b.client.ReadWriteTransaction(ctx, body)
 			if err != nil && failed != nil {
@@ -85,4 +86,8 @@ func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, t
 			}
 		}
 	}, retryable)
+	if spanner.ErrCode(err) == codes.InvalidArgument && strings.Contains(strings.ToLower(spanner.ErrDesc(err)), "fingerprint") {
+		return fmt.Errorf("%w (the table lacks the fingerprint column: run EnsureSchema, or ALTER TABLE %s ADD COLUMN %s)", err, b.table, fingerprintColumn)
+	}
+	return err
 }

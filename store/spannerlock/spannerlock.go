@@ -24,6 +24,7 @@
 //	  lease_expiry TIMESTAMP NOT NULL,    -- when the holder's lease ends
 //	  expires_at   TIMESTAMP NOT NULL,    -- when the row may be deleted
 //	  token        STRING(64) NOT NULL,   -- the winning Claim's token
+//	  fingerprint  STRING(128),           -- the payload fingerprint of a Done row
 //	) PRIMARY KEY (key),
 //	  ROW DELETION POLICY (OLDER_THAN(expires_at, INTERVAL 0 DAY))
 //
@@ -174,6 +175,8 @@ var (
 	_ store.Backend  = (*Backend)(nil)
 	_ store.Extender = (*Backend)(nil)
 	_ store.Purger   = (*Backend)(nil)
+
+	_ store.Fingerprinter = (*Backend)(nil)
 )
 
 // Errors of the constructors, for errors.Is in this package's tests.
