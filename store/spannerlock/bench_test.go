@@ -2,8 +2,11 @@ package spannerlock_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 )
 
 // naiveDelivery is the hand-rolled pattern: one read-write transaction to
@@ -61,40 +65,161 @@ func naiveDelivery(ctx context.Context, c *spanner.Client, table, key string) er
 
 // BenchmarkDelivery measures deliveries per second through Lock on the
 // Spanner emulator, beside two naive read-write transactions per delivery
-// in the same run, at 1 and 16 concurrent workers. The emulator runs one
-// read-write transaction at a time per database, so the 16-worker runs
-// measure its queue more than either pattern.
+// in the same run, at 1 to 64 concurrent workers, each delivery to a fresh
+// key. It reports the RPCs each sends per delivery and the time those RPCs
+// took (rpc-ms/delivery, summed over concurrent calls). The emulator runs
+// one read-write transaction at a time per database, so the runs with
+// more workers measure its queue more than either pattern; and its SQL
+// engine reads the whole table for a query or DML statement on one key,
+// where the naive pattern's reads and mutations go by key, so the lock's
+// cost per delivery grows with the rows the run has written
+// (BenchmarkDeliveryOnAFilledTable).
 func BenchmarkDelivery(b *testing.B) {
 	testsvc.Spanner(b)
-	ctx := context.Background()
-	for _, workers := range []int{1, 16} {
+	for _, workers := range []int{1, 4, 16, 64} {
 		for _, kind := range []string{"naive-2-transactions", "lock"} {
 			b.Run(fmt.Sprintf("%s/workers=%d", kind, workers), func(b *testing.B) {
-				db := database(b)
-				be, r := newBackend(b, db)
-				client := newClient(b, db, testsvc.Spanner(b), &rpcs{})
-				run := func(key string) error {
-					if kind == "lock" {
-						return idempotency.Lock(ctx, be, key, noop)
-					}
-					// The emulator forgets all but one concurrent
-					// transaction of a database (NotFound): run again.
-					for {
-						err := naiveDelivery(ctx, client, be.Table(), key)
-						if err == nil || !strings.Contains(err.Error(), "ransaction") {
-							return err
-						}
-					}
-				}
-				run("warm-up")
-				r.take()
-				b.ResetTimer() // not the database, the client and its sessions
-				bench.Deliveries(b, workers, run)
-				if kind == "lock" {
-					b.ReportMetric(float64(len(r.take()))/float64(b.N), "RPCs/delivery")
-				}
+				benchDeliveries(b, kind, workers, 0)
 			})
 		}
+	}
+}
+
+// BenchmarkDeliveryOnAFilledTable is BenchmarkDelivery at one worker on a
+// table that holds rows=N other keys' rows before the run: what the
+// emulator's whole-table reads cost each pattern.
+func BenchmarkDeliveryOnAFilledTable(b *testing.B) {
+	testsvc.Spanner(b)
+	for _, rows := range []int{0, 10000} {
+		for _, kind := range []string{"naive-2-transactions", "lock"} {
+			b.Run(fmt.Sprintf("%s/rows=%d", kind, rows), func(b *testing.B) {
+				benchDeliveries(b, kind, 1, rows)
+			})
+		}
+	}
+}
+
+// benchDeliveries runs BenchmarkDelivery's deliveries of kind on a
+// database of their own that holds rows other rows first.
+func benchDeliveries(b *testing.B, kind string, workers, rows int) {
+	ctx := context.Background()
+	db := database(b)
+	be, r := newBackend(b, db)
+	nr := &rpcs{}
+	client := newClient(b, db, testsvc.Spanner(b), nr)
+	fill(b, client, be.Table(), rows)
+	run := func(key string) error {
+		if kind == "lock" {
+			return idempotency.Lock(ctx, be, key, noop)
+		}
+		// The emulator forgets all but one concurrent transaction of a
+		// database (NotFound): run again.
+		for {
+			err := naiveDelivery(ctx, client, be.Table(), key)
+			if err == nil || !strings.Contains(err.Error(), "ransaction") {
+				return err
+			}
+		}
+	}
+	run("warm-up")
+	if kind != "lock" {
+		r = nr
+	}
+	r.take()
+	r.takeSpent()
+	b.ResetTimer() // not the database, the client and its sessions
+	bench.Deliveries(b, workers, run)
+	b.ReportMetric(float64(len(r.take()))/float64(b.N), "RPCs/delivery")
+	var spent time.Duration
+	for _, d := range r.takeSpent() {
+		spent += d
+	}
+	b.ReportMetric(float64(spent.Microseconds())/1000/float64(b.N), "rpc-ms/delivery")
+}
+
+// fill writes n expired Done rows of keys "filled/i" into table, a
+// thousand to a commit.
+func fill(b testing.TB, c *spanner.Client, table string, n int) {
+	b.Helper()
+	past := time.Now().Add(-time.Hour)
+	cols := []string{"key", "state", "fence", "lease_expiry", "expires_at", "token"}
+	for i := 0; i < n; {
+		var ms []*spanner.Mutation
+		for ; i < n && len(ms) < 1000; i++ {
+			ms = append(ms, spanner.Insert(table, cols, []any{[]byte(fmt.Sprintf("filled/%07d", i)), int64(2), int64(1), past, past, "t"}))
+		}
+		if _, err := c.Apply(context.Background(), ms); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRaceOneKey measures one race: racers deliveries of one fresh
+// key through Lock at once, each on a client of its own (as instances
+// are), until every one has its answer: one runs the body, the others get
+// ErrDuplicate or ErrInProgress.
+func BenchmarkRaceOneKey(b *testing.B) {
+	testsvc.Spanner(b)
+	ctx := context.Background()
+	for _, racers := range []int{1, 4, 16, 64} {
+		b.Run(fmt.Sprintf("racers=%d", racers), func(b *testing.B) {
+			db := database(b)
+			bes := make([]*spannerlock.Backend, racers)
+			for i := range bes {
+				bes[i], _ = newBackend(b, db)
+				idempotency.Lock(ctx, bes[i], fmt.Sprint("warm-up-", i), noop)
+			}
+			var ran, other atomic.Int64
+			b.ResetTimer()
+			for n := range b.N {
+				key := fmt.Sprint("race-", n)
+				var wg sync.WaitGroup
+				for _, be := range bes {
+					wg.Go(func() {
+						err := idempotency.Lock(ctx, be, key, func(context.Context) error { ran.Add(1); return nil })
+						switch {
+						case err == nil:
+						case errors.Is(err, idempotency.ErrDuplicate), errors.Is(err, idempotency.ErrInProgress):
+							other.Add(1)
+						default:
+							b.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+			}
+			b.StopTimer()
+			if ran.Load() != int64(b.N) {
+				b.Fatalf("the body ran %d times in %d races", ran.Load(), b.N)
+			}
+		})
+	}
+}
+
+// BenchmarkPurgeExpired measures PurgeExpired deleting rows=N expired
+// rows (one op is one purge of the whole table), and reports rows/s.
+func BenchmarkPurgeExpired(b *testing.B) {
+	testsvc.Spanner(b)
+	ctx := context.Background()
+	for _, rows := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			db := database(b)
+			be, _ := newBackend(b, db)
+			client := newClient(b, db, testsvc.Spanner(b), &rpcs{})
+			var spent time.Duration
+			for range b.N {
+				b.StopTimer()
+				fill(b, client, be.Table(), rows)
+				b.StartTimer()
+				start := time.Now()
+				n, err := be.PurgeExpired(ctx, 0)
+				spent += time.Since(start)
+				if err != nil || n != rows {
+					b.Fatalf("purged %d of %d: %v", n, rows, err)
+				}
+			}
+			b.ReportMetric(float64(rows*b.N)/spent.Seconds(), "rows/s")
+		})
 	}
 }
 

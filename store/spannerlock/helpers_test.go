@@ -71,6 +71,9 @@ func database(t testing.TB) string {
 type rpcs struct {
 	mu    sync.Mutex
 	calls []string
+	// spent is the time each method's calls took, summed: a unary call
+	// until its reply, a stream until its end.
+	spent map[string]time.Duration
 	// loseNext loses the reply of the next unary RPC, whatever its method.
 	loseNext atomic.Bool
 	// loseNextCommit loses the reply of the next Commit.
@@ -114,8 +117,28 @@ func (r *rpcs) record(method string) string {
 	return name
 }
 
+// took adds d to the time spent in method name.
+func (r *rpcs) took(name string, d time.Duration) {
+	r.mu.Lock()
+	if r.spent == nil {
+		r.spent = map[string]time.Duration{}
+	}
+	r.spent[name] += d
+	r.mu.Unlock()
+}
+
+// takeSpent returns the time spent per method since the last takeSpent.
+func (r *rpcs) takeSpent() map[string]time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.spent
+	r.spent = nil
+	return s
+}
+
 func (r *rpcs) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	name := r.record(method)
+	defer func(start time.Time) { r.took(name, time.Since(start)) }(time.Now())
 	if f := r.refuse.Load(); f != nil && r.refusing(name) {
 		return status.Error(f.code, "injected: refused before it was sent")
 	}
@@ -139,7 +162,29 @@ func (r *rpcs) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Clien
 	if f := r.refuse.Load(); f != nil && r.refusing(name) {
 		return nil, status.Error(f.code, "injected: refused before it was sent")
 	}
-	return streamer(ctx, desc, cc, method, opts...)
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return s, err
+	}
+	return &timedStream{ClientStream: s, r: r, name: name, start: time.Now()}, nil
+}
+
+// timedStream adds a stream's time, from its start to the end of its
+// replies, to the time spent in its method.
+type timedStream struct {
+	grpc.ClientStream
+	r     *rpcs
+	name  string
+	start time.Time
+	once  sync.Once
+}
+
+func (s *timedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		s.once.Do(func() { s.r.took(s.name, time.Since(s.start)) })
+	}
+	return err
 }
 
 // take returns the RPCs sent since the last take, leaving out the
@@ -222,11 +267,25 @@ func (f faults) CutConnections() { f.p.CutConnections() }
 // its own, reached through a DropProxy, with Faults.
 func contractBackend(t *testing.T, opts ...spannerlock.Option) (*spannerlock.Backend, faults) {
 	t.Helper()
+	s, f := shardedBackend(t, 1, opts...)
+	return s[0], f
+}
+
+// shardedBackend is n backends, each on a database of its own, all
+// reached through one DropProxy by clients that share one rpcs: a lost
+// reply is the next Commit's, whichever database it goes to, and a cut
+// cuts them all.
+func shardedBackend(t *testing.T, n int, opts ...spannerlock.Option) (shards, faults) {
+	t.Helper()
 	p := testsvc.NewDropProxy(t, testsvc.Spanner(t))
 	r := &rpcs{}
-	b, err := spannerlock.New(newClient(t, database(t), p.Addr(), r), opts...)
-	if err != nil {
-		t.Fatal(err)
+	var s shards
+	for range n {
+		b, err := spannerlock.New(newClient(t, database(t), p.Addr(), r), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = append(s, b)
 	}
-	return b, faults{r: r, p: p}
+	return s, faults{r: r, p: p}
 }
