@@ -144,7 +144,7 @@ func BenchmarkDelivery(b *testing.B) {
 func BenchmarkInterleaved(b *testing.B) {
 	addr := testsvc.Redis(b)
 	const burst = 64
-	for _, workers := range []int{1, 16} {
+	for _, workers := range []int{1, 4, 16, 64} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: max(32, workers)})
 			defer c.Close()
