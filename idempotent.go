@@ -134,6 +134,9 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 }
 
 func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, e event.Event) error {
+	if c.msgTrace {
+		ctx = messageTrace(ctx, e)
+	}
 	key, err := c.key(e)
 	if r, ok := err.(*refusedKeyError); ok && c.hashKeys {
 		key, err = r.key, nil // stored hashed below

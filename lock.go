@@ -194,7 +194,11 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		return false, fmt.Errorf(errPrefix+" %w", err)
 	}
 	lease, fromDeadline := cfg.leaseFor(ctx)
-	res, err := b.Claim(ctx, key, lease)
+	var tr tracker // spans and metrics (telemetry.go)
+	ctx = tr.begin(ctx, cfg, key, mutex)
+	defer tr.end(ctx, &err)
+	res, err := b.Claim(tr.claim(ctx), key, lease)
+	tr.claimed(ctx, res, err)
 	if err != nil {
 		return false, fmt.Errorf("idempotency: claim %q: %w", key, err)
 	}
@@ -246,17 +250,23 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 		}
 		// fn panicked or called runtime.Goexit: give the key back at once.
 		stopHeartbeat()
-		if err := settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
+		tr.bodyEnded(errBodyPanicked)
+		err := settle(tr.settling(ctx, opRelease), cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
+		tr.settled(ctx, true, err)
+		if err != nil {
 			log.ErrorContext(ctx, "idempotency: release after a panic failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
 	}()
-	ferr := fn(&claimCtx{Context: bodyCtx, claim: c})
+	ferr := fn(tr.body(&claimCtx{Context: bodyCtx, claim: c}))
 	stopHeartbeat() // from here on c is the latest renewal's claim
 	settled = true
+	tr.bodyEnded(ferr)
 
 	if ferr != nil || mutex {
-		if err := settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) }); err != nil {
+		err := settle(tr.settling(ctx, opRelease), cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
+		tr.settled(ctx, true, err)
+		if err != nil {
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
@@ -268,12 +278,13 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	// subscription's copy, would then run the work again): a failure is
 	// tried again until the settle timeout.
 	var done bool
-	err = settle(ctx, cfg, func(ctx context.Context) error {
+	err = settle(tr.settling(ctx, opComplete), cfg, func(ctx context.Context) error {
 		return retryUntilDone(ctx, func() (err error) {
 			done, err = b.Complete(ctx, c)
 			return err
 		})
 	})
+	tr.settled(ctx, done, err)
 	switch {
 	case err != nil:
 		log.ErrorContext(ctx, "idempotency: the work ran but marking the key done failed; acknowledging anyway, a redelivery after the lease may repeat the work",

@@ -1,9 +1,37 @@
 package idempotency
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"os"
+
+	"go.opentelemetry.io/otel/trace"
 )
+
+// The fields of a structured log line that Cloud Logging reads as the
+// entry's trace, span and sampling decision, and so shows the line beside
+// the trace in Cloud Trace and groups it with its request.
+const (
+	LogTraceKey   = "logging.googleapis.com/trace"
+	LogSpanIDKey  = "logging.googleapis.com/spanId"
+	LogSampledKey = "logging.googleapis.com/trace_sampled"
+)
+
+// LogOption configures [NewLogHandler].
+type LogOption func(*logConfig)
+
+type logConfig struct {
+	project string
+}
+
+// WithLogProject sets the Google Cloud project in the trace field
+// NewLogHandler writes, "projects/PROJECT/traces/TRACE_ID": the project
+// whose Cloud Trace holds the trace. The default is the environment
+// variable GOOGLE_CLOUD_PROJECT when NewLogHandler is called.
+func WithLogProject(project string) LogOption {
+	return func(c *logConfig) { c.project = project }
+}
 
 // NewLogHandler returns a slog.Handler that writes one JSON object per line
 // in the shape Cloud Logging reads from a Cloud Run or Cloud Functions
@@ -12,8 +40,24 @@ import (
 // dropped; a nil level means slog.LevelInfo.
 //
 //	slog.SetDefault(slog.New(idempotency.NewLogHandler(os.Stderr, nil)))
-func NewLogHandler(w io.Writer, level slog.Leveler) slog.Handler {
-	return slog.NewJSONHandler(w, &slog.HandlerOptions{
+//
+// When the context of a record (the ctx of Logger.InfoContext and the
+// like) carries a valid OpenTelemetry span context, the line also gets
+// [LogTraceKey] ("projects/PROJECT/traces/TRACE_ID"), [LogSpanIDKey] and
+// [LogSampledKey], at the top level whatever groups the logger has: Cloud
+// Logging then files the line under that trace and span. The project is
+// that of [WithLogProject], else GOOGLE_CLOUD_PROJECT; with neither, the
+// trace field is left out and only the span id and the sampling decision
+// are written. The lines [Lock] and [Mutex] log while a call runs carry
+// the context of the call's span (see docs/telemetry.md).
+func NewLogHandler(w io.Writer, level slog.Leveler, opts ...LogOption) slog.Handler {
+	cfg := logConfig{project: os.Getenv("GOOGLE_CLOUD_PROJECT")}
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	base := slog.NewJSONHandler(w, &slog.HandlerOptions{
 		Level: level,
 		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
 			if len(groups) > 0 {
@@ -29,6 +73,81 @@ func NewLogHandler(w io.Writer, level slog.Leveler) slog.Handler {
 			return a
 		},
 	})
+	h := &cloudHandler{base: base, cur: base}
+	if cfg.project != "" {
+		h.tracePrefix = "projects/" + cfg.project + "/traces/"
+	}
+	return h
+}
+
+// cloudHandler adds the trace fields to the records of a JSON handler.
+// The fields must sit at the top level, where Cloud Logging looks for
+// them, so a handler with a group open cannot add them to the record (the
+// JSON handler would write them inside the group): it replays its
+// WithAttrs and WithGroup calls on base, after the trace fields.
+type cloudHandler struct {
+	base        slog.Handler // the JSON handler, with no attrs or groups
+	cur         slog.Handler // base with ops applied
+	ops         []logOp
+	grouped     bool // ops open a group
+	tracePrefix string
+}
+
+// logOp is one WithAttrs (group empty) or WithGroup call.
+type logOp struct {
+	attrs []slog.Attr
+	group string
+}
+
+func (h *cloudHandler) Enabled(ctx context.Context, l slog.Level) bool {
+	return h.cur.Enabled(ctx, l)
+}
+
+func (h *cloudHandler) Handle(ctx context.Context, r slog.Record) error {
+	sc := trace.SpanContextFromContext(ctx)
+	if !sc.IsValid() {
+		return h.cur.Handle(ctx, r)
+	}
+	fields := make([]slog.Attr, 0, 3)
+	if h.tracePrefix != "" {
+		fields = append(fields, slog.String(LogTraceKey, h.tracePrefix+sc.TraceID().String()))
+	}
+	fields = append(fields, slog.String(LogSpanIDKey, sc.SpanID().String()), slog.Bool(LogSampledKey, sc.IsSampled()))
+	if !h.grouped {
+		r.AddAttrs(fields...)
+		return h.cur.Handle(ctx, r)
+	}
+	out := h.base.WithAttrs(fields)
+	for _, op := range h.ops {
+		if op.group != "" {
+			out = out.WithGroup(op.group)
+		} else {
+			out = out.WithAttrs(op.attrs)
+		}
+	}
+	return out.Handle(ctx, r)
+}
+
+func (h *cloudHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	if len(attrs) == 0 {
+		return h
+	}
+	return h.with(logOp{attrs: attrs}, h.cur.WithAttrs(attrs))
+}
+
+func (h *cloudHandler) WithGroup(name string) slog.Handler {
+	if name == "" {
+		return h
+	}
+	return h.with(logOp{group: name}, h.cur.WithGroup(name))
+}
+
+func (h *cloudHandler) with(op logOp, cur slog.Handler) *cloudHandler {
+	n := *h
+	n.cur = cur
+	n.ops = append(append([]logOp(nil), h.ops...), op)
+	n.grouped = h.grouped || op.group != ""
+	return &n
 }
 
 func severity(v any) string {

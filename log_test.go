@@ -1,8 +1,12 @@
 package idempotency_test
 
 import (
+	"context"
 	"log/slog"
 	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -22,5 +26,88 @@ func TestNewLogHandlerSpeaksCloudLogging(t *testing.T) {
 	}
 	if want := []string{"WARNING:held", "ERROR:broken", "DEBUG:detail", "INFO:grouped"}; !cmp.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// A record whose context carries a span context gets Cloud Logging's
+// trace fields at the top level, with or without groups; one without
+// gets none. The project comes from WithLogProject, else
+// GOOGLE_CLOUD_PROJECT; without one, the trace field is left out.
+func TestNewLogHandlerCorrelatesWithTheTrace(t *testing.T) {
+	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	sampled := trace.ContextWithSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled,
+	}))
+	unsampled := trace.ContextWithRemoteSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: spanID, Remote: true,
+	}))
+	const wantTrace = "projects/env-project/traces/4bf92f3577b34da6a3ce929d0e0e4736"
+	t.Setenv("GOOGLE_CLOUD_PROJECT", "env-project")
+
+	l := &logs{}
+	logger := slog.New(idempotency.NewLogHandler(l, nil))
+	logger.InfoContext(sampled, "top", "k", "v")
+	logger.InfoContext(t.Context(), "no span")
+	logger.With("a", 1).WithGroup("g").With("b", 2).WarnContext(unsampled, "grouped", "c", 3)
+	slog.New(idempotency.NewLogHandler(l, nil, idempotency.WithLogProject("opt-project"))).InfoContext(sampled, "option")
+	t.Setenv("GOOGLE_CLOUD_PROJECT", "")
+	slog.New(idempotency.NewLogHandler(l, nil)).InfoContext(sampled, "no project")
+
+	recs := l.records(t)
+	if len(recs) != 5 {
+		t.Fatalf("%d records: %v", len(recs), recs)
+	}
+	fields := func(r map[string]any) []any {
+		return []any{r[idempotency.LogTraceKey], r[idempotency.LogSpanIDKey], r[idempotency.LogSampledKey]}
+	}
+	want := [][]any{
+		{wantTrace, "00f067aa0ba902b7", true},
+		{nil, nil, nil},
+		{wantTrace, "00f067aa0ba902b7", false},
+		{"projects/opt-project/traces/4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", true},
+		{nil, "00f067aa0ba902b7", true},
+	}
+	for i, r := range recs {
+		if diff := cmp.Diff(want[i], fields(r)); diff != "" {
+			t.Errorf("record %d %q (-want +got):\n%s", i, r["message"], diff)
+		}
+	}
+	g := recs[2]
+	if g["a"] != 1.0 || g["severity"] != "WARNING" || !cmp.Equal(g["g"], map[string]any{"b": 2.0, "c": 3.0}) {
+		t.Errorf("grouped record %v: attrs and groups are not where the logger put them", g)
+	}
+	if recs[0]["k"] != "v" {
+		t.Errorf("record 0 lost its attribute: %v", recs[0])
+	}
+}
+
+// The lines Lock logs while a call runs carry the trace context (the
+// call's span with an SDK provider): here the fenced-out ERROR.
+func TestLockLogsCarryTheTraceContext(t *testing.T) {
+	l := &logs{}
+	logger := slog.New(idempotency.NewLogHandler(l, nil, idempotency.WithLogProject("p")))
+	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	ctx := trace.ContextWithRemoteSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled, Remote: true,
+	}))
+	s, clock := newStore(t)
+	err := idempotency.Lock(ctx, s, "k", func(ctx context.Context) error {
+		clock.Advance(time.Hour)
+		if _, err := s.Claim(context.WithoutCancel(ctx), "k", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}, idempotency.WithLogger(logger), idempotency.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := l.records(t)
+	if len(recs) != 1 || recs[0]["severity"] != "ERROR" {
+		t.Fatalf("records %v, want the fenced-out error", recs)
+	}
+	if recs[0][idempotency.LogTraceKey] != "projects/p/traces/4bf92f3577b34da6a3ce929d0e0e4736" || recs[0][idempotency.LogSpanIDKey] == nil {
+		t.Errorf("the error is not filed under the request's trace: %v", recs[0])
 	}
 }

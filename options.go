@@ -41,6 +41,7 @@ type config struct {
 	unguarded bool
 	onDup     func(context.Context, string) error
 	hashKeys  bool
+	msgTrace  bool // WithTraceFromMessage (telemetry.go)
 }
 
 // newConfig returns the defaults with opts applied, in order.
@@ -80,6 +81,8 @@ type lockConfig struct {
 	// now reads the clock against which ctx's deadline is measured; nil
 	// means time.Now. Tests inject one.
 	now func() time.Time
+	// tel is where spans and metrics go (telemetry.go).
+	tel telemetryConfig
 }
 
 // newLockConfig returns the defaults with opts applied, in order.

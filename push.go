@@ -270,7 +270,7 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 			http.Error(w, err.Error(), status)
 			return
 		}
-		err = guarded(r.Context(), e)
+		err = guarded(requestTrace(r.Context(), r), e)
 		if err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return

@@ -6,7 +6,8 @@
 # other backends. Prints the number of modules in each graph.
 #
 # The rule, per consumer (the modules each must not have):
-#   root only      no backend driver, no grpc, no genproto
+#   root only      no backend driver, no grpc, no genproto, and of
+#                  OpenTelemetry the API only (no SDK, no exporter)
 #   redislock      no Datastore/Google API/grpc/genproto, no pgx, MySQL, SQLite,
 #                  no bsm/redislock (its benchmarks only: internal/benchtest)
 #   sqllock        no go-redis, no Datastore/grpc/genproto, and no SQL driver
@@ -25,6 +26,7 @@ export GOWORK=off GOFLAGS=-mod=mod
 
 drivers='github.com/redis/go-redis|github.com/jackc/pgx|github.com/go-sql-driver/mysql|modernc.org/sqlite|github.com/mattn/go-sqlite3|github.com/lib/pq'
 google='cloud.google.com/go/datastore|google.golang.org/grpc|google.golang.org/genproto|google.golang.org/api'
+otelsdk='go.opentelemetry.io/otel/sdk|go.opentelemetry.io/otel/exporters|github.com/GoogleCloudPlatform/opentelemetry-operations-go'
 
 rc=0
 check() { # name, forbidden-regexp, packages...
@@ -62,7 +64,7 @@ check() { # name, forbidden-regexp, packages...
 	fi
 }
 
-check root-only "$drivers|$google" "$M" "$M/fake"
+check root-only "$drivers|$google|$otelsdk" "$M" "$M/fake"
 check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|modernc.org/sqlite|github.com/bsm/redislock" "$M" "$M/store/redislock"
 check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"

@@ -1,0 +1,8 @@
+package telemetrytest
+
+import (
+	"io"
+	"log/slog"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
