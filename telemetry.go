@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -155,13 +156,32 @@ type instrumentsFrom struct {
 	in *instruments
 }
 
-// tracer returns the tracer spans go to.
+// unsetTracerProvider is the global tracer provider as the OpenTelemetry
+// API starts out, before any otel.SetTracerProvider, when it is that
+// (nil otherwise): every span it makes until then is a no-op that
+// passes its parent's span context on. While otel.GetTracerProvider still
+// returns it, tracer returns nil and no span is started at all, which
+// saves each call the allocations of three no-op spans.
+var unsetTracerProvider = func() trace.TracerProvider {
+	tp := otel.GetTracerProvider()
+	if t := reflect.TypeOf(tp); t != nil && t.Kind() == reflect.Pointer &&
+		t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global" && t.Elem().Name() == "tracerProvider" {
+		return tp
+	}
+	return nil
+}()
+
+// tracer returns the tracer spans go to; nil when they would all be
+// no-ops (see unsetTracerProvider).
 func (c *telemetryConfig) tracer() trace.Tracer {
 	if c.tp != nil {
 		c.tc.once.Do(func() { c.tc.t = c.tp.Tracer(InstrumentationName) })
 		return c.tc.t
 	}
 	tp := otel.GetTracerProvider()
+	if unsetTracerProvider != nil && tp == unsetTracerProvider {
+		return nil
+	}
 	if g := globalTracer.Load(); g != nil && same(g.tp, tp) {
 		return g.t
 	}
@@ -306,6 +326,11 @@ func (t *tracker) begin(ctx context.Context, cfg *lockConfig, key string, mutex 
 	t.tracer = cfg.tel.tracer()
 	t.in = cfg.tel.instruments()
 	t.key, t.keyOn = key, cfg.tel.key
+	t.timed = t.in.claim != nil && t.in.claim.Enabled(ctx)
+	if t.tracer == nil {
+		t.call, t.noop = noop.Span{}, true
+		return ctx
+	}
 	name := "idempotency.lock"
 	if mutex {
 		name = "idempotency.mutex"
@@ -322,7 +347,6 @@ func (t *tracker) begin(ctx context.Context, cfg *lockConfig, key string, mutex 
 	if t.keyOn && span.IsRecording() {
 		span.SetAttributes(attribute.String(attrKey, key))
 	}
-	t.timed = t.in.claim != nil && t.in.claim.Enabled(ctx)
 	return cctx
 }
 
