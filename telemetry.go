@@ -74,11 +74,13 @@ const (
 // with otel.SetTracerProvider after Idempotent was called is used. A nil
 // tp means the default.
 //
-// Each call that claims a key makes the spans "idempotency.claim",
-// "idempotency.body" (the parent of the body's own spans) and
-// "idempotency.complete" or "idempotency.release", children of the span
-// in the request's context: docs/telemetry.md lists their attributes.
-// The key is not among them unless [WithKeyInSpans] is set.
+// Each call makes a span "idempotency.lock" (for Mutex,
+// "idempotency.mutex"), a child of the span in the call's context, with
+// the outcome; under it "idempotency.claim", then, when the claim was
+// won, "idempotency.body" (the parent of the body's own spans) and
+// "idempotency.complete" or "idempotency.release". docs/telemetry.md
+// lists their attributes; the key is not among them unless
+// [WithKeyInSpans] is set.
 func WithTracerProvider(tp trace.TracerProvider) LockOption {
 	var tc *tracerCache
 	if tp != nil {
@@ -326,7 +328,7 @@ func (t *tracker) begin(ctx context.Context, cfg *lockConfig, key string, mutex 
 	t.tracer = cfg.tel.tracer()
 	t.in = cfg.tel.instruments()
 	t.key, t.keyOn = key, cfg.tel.key
-	t.timed = t.in.claim != nil && t.in.claim.Enabled(ctx)
+	t.timed = t.in.claim != nil && t.in.settle != nil && t.in.claim.Enabled(ctx)
 	if t.tracer == nil {
 		t.call, t.noop = noop.Span{}, true
 		return ctx
