@@ -9,16 +9,19 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/ffserve"
 	"github.com/gcp-pubsub-idempotency/idempotency/pubsubtest"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // One functions-framework server per test binary, serving whichever
@@ -195,5 +198,72 @@ func TestGlobalProvidersSetLaterAreUsed(t *testing.T) {
 		if got := r.collect(t)["idempotency.deliveries {delivery}"]; !cmp.Equal(got, map[string]int64{"idempotency.outcome=won": 1}) {
 			t.Fatalf("provider %d: deliveries %v", i+1, got)
 		}
+	}
+}
+
+// Through the real functions framework, the outcomes that a first
+// delivery can also have: what goes on the wire, the outcome counted, and
+// the call's span status (Error only for real failures).
+func TestFunctionsFrameworkOutcomesOnTheWire(t *testing.T) {
+	errStore := errors.New("store unreachable")
+	cases := []struct {
+		name      string
+		setup     func(t *testing.T, msg *pubsubtest.Message) (store.Backend, idempotency.CloudEventFunc, []idempotency.Option)
+		wantCode  int
+		wantOut   string
+		wantError bool
+	}{
+		{"in progress", func(t *testing.T, msg *pubsubtest.Message) (store.Backend, idempotency.CloudEventFunc, []idempotency.Option) {
+			s := fake.New()
+			if _, err := s.Claim(t.Context(), msg.ID, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			return s, handler(new(bool)), nil
+		}, http.StatusServiceUnavailable, idempotency.OutcomeInProgress, false},
+		{"claim failed", func(t *testing.T, msg *pubsubtest.Message) (store.Backend, idempotency.CloudEventFunc, []idempotency.Option) {
+			return backendFunc{claim: func(context.Context, string, time.Duration) (store.Result, error) {
+				return store.Result{}, errStore
+			}}, handler(new(bool)), nil
+		}, http.StatusInternalServerError, idempotency.OutcomeClaimFailed, true},
+		{"complete failed", func(t *testing.T, msg *pubsubtest.Message) (store.Backend, idempotency.CloudEventFunc, []idempotency.Option) {
+			s := fake.New()
+			b := backendFunc{claim: s.Claim, release: s.Release,
+				complete: func(context.Context, store.Claim) (bool, error) { return false, errStore }}
+			return b, handler(new(bool)), []idempotency.Option{idempotency.WithSettleTimeout(30 * time.Millisecond)}
+		}, http.StatusOK, idempotency.OutcomeCompleteFailed, true},
+		{"fenced out", func(t *testing.T, msg *pubsubtest.Message) (store.Backend, idempotency.CloudEventFunc, []idempotency.Option) {
+			clock := fake.NewClock(epoch)
+			s := fake.New(fake.WithClock(clock.Now))
+			h := func(ctx context.Context, _ cloudevents.Event) error {
+				clock.Advance(2 * time.Minute)
+				if res, err := s.Claim(context.WithoutCancel(ctx), msg.ID, time.Minute); err != nil || res.Outcome != store.Won {
+					t.Errorf("takeover: %v, %v", res.Outcome, err)
+				}
+				return nil
+			}
+			return s, h, []idempotency.Option{idempotency.WithLease(time.Minute)}
+		}, http.StatusOK, idempotency.OutcomeFencedOut, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t)
+			msg := &pubsubtest.Message{ID: pubsubtest.NewID()}
+			b, h, extra := c.setup(t, msg)
+			opts := append([]idempotency.Option{idempotency.WithLogger(discard), idempotency.WithTracerProvider(r.tp), idempotency.WithMeterProvider(r.mp)}, extra...)
+			serve(t, idempotency.Idempotent(b, opts...)(h))
+			if code := deliver(t, serverURL, msg.BinaryRequest()); code != c.wantCode {
+				t.Fatalf("HTTP %d, want %d", code, c.wantCode)
+			}
+			call := named(t, r.spans(), "idempotency.lock")
+			if v, _ := attr(call, "idempotency.outcome"); v.AsString() != c.wantOut {
+				t.Errorf("outcome %q, want %q", v.AsString(), c.wantOut)
+			}
+			if isErr := call.Status().Code == codes.Error; isErr != c.wantError {
+				t.Errorf("call span status %v, want Error %v", call.Status(), c.wantError)
+			}
+			if got := r.collect(t)["idempotency.deliveries {delivery}"]; !cmp.Equal(got, map[string]int64{"idempotency.outcome=" + c.wantOut: 1}) {
+				t.Errorf("deliveries %v", got)
+			}
+		})
 	}
 }
