@@ -19,8 +19,10 @@ const (
 	Postgres Dialect = iota + 1
 	// MySQL is the dialect of MySQL 8 and MariaDB 10.5 or later (and Cloud
 	// SQL for MySQL), through github.com/go-sql-driver/mysql. With no
-	// RETURNING on an upsert, Claim is an INSERT IGNORE and a read (plus a
-	// conditional UPDATE to reclaim); Complete and Release are one UPDATE.
+	// RETURNING on an upsert, Claim is an INSERT IGNORE that hands back
+	// the lease it wrote through LAST_INSERT_ID (plus, when the key is
+	// taken, a read and a conditional UPDATE to reclaim); Complete and
+	// Release are one UPDATE.
 	MySQL
 	// SQLite is the dialect of SQLite 3.35 or later, for example through
 	// the pure-Go modernc.org/sqlite. Open the database with a busy timeout

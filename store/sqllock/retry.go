@@ -50,6 +50,11 @@ func transient(err error) bool {
 // lost, and the record no longer says whether that attempt had won.
 var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
 
+// errCompleteUnknown ends a Complete's retries: an earlier attempt's reply
+// was lost, and the record no longer says whether that attempt completed
+// it (it may have, and the record moved on after its ttl).
+var errCompleteUnknown = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it completed cannot be told")
+
 // errNoResend ends an Extend's retries: the attempt may have renewed the
 // lease although its reply was lost, and a resend would renew it again.
 var errNoResend = errors.New("sqllock: the extension may have been applied; not sent again")
@@ -61,21 +66,12 @@ func neverSent(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// errInsertWon marks a MySQL Claim attempt whose INSERT IGNORE won the key
-// and whose read of the record then failed: the win landed, whether or not
-// the read's own error says the server refused the read.
-var errInsertWon = errors.New("sqllock: the insert won the key")
-
 // mayHaveLanded reports whether the write that failed with err may have
 // been applied all the same: true unless the server itself refused the
 // statement (an SQLSTATE, a MySQL error number, an SQLite code; a single
 // statement outside a transaction that failed changed nothing) or the
-// driver reported that it sent nothing (driver.ErrBadConn); and always
-// true after a MySQL insert that won (errInsertWon).
+// driver reported that it sent nothing (driver.ErrBadConn).
 func mayHaveLanded(err error) bool {
-	if errors.Is(err, errInsertWon) {
-		return true
-	}
 	if errors.Is(err, driver.ErrBadConn) {
 		return false
 	}
@@ -98,8 +94,8 @@ var mysqlServerError = regexp.MustCompile(`(^|: )Error [134]\d{3}\b`)
 
 // retry runs op, and again after a transient failure, within ctx and the
 // retry budget (WithRetries), waiting the shared jittered backoff between
-// attempts. A Claim's errUnknownOutcome and an Extend's errNoResend are never
-// retried. When ctx ends
+// attempts. A Claim's errUnknownOutcome, a Complete's errCompleteUnknown
+// and an Extend's errNoResend are never retried. When ctx ends
 // before op succeeds, the error wraps ctx.Err() and the last attempt's.
 func (b *Backend) retry(ctx context.Context, op func() error) error {
 	return b.backoff.Do(ctx, func(int) error { return op() }, retryable)
@@ -108,5 +104,5 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 // retryable reports whether an attempt that failed with err may be sent
 // again.
 func retryable(err error) bool {
-	return transient(err) && !errors.Is(err, errUnknownOutcome) && !errors.Is(err, errNoResend)
+	return transient(err) && !errors.Is(err, errUnknownOutcome) && !errors.Is(err, errNoResend) && !errors.Is(err, errCompleteUnknown)
 }

@@ -12,7 +12,7 @@
 //	            Claim (fresh / taken / reclaim)   Complete   Release
 //	Postgres    1 / 1 / 1                         1          1
 //	SQLite      1 / 2 / 1                         1          1
-//	MySQL       2 / 2 / 3                         1 (2 if repeated)   1
+//	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
 // The table (see Schema for the exact DDL of each dialect):
 //
@@ -22,6 +22,8 @@
 //	lease_expiry_ms  when the holder's lease ends, Unix milliseconds
 //	expires_at_ms    when the record may be deleted, Unix milliseconds (indexed)
 //	token            the winning claim's token
+//	fingerprint      NULL, or the payload fingerprint of the completing call,
+//	                 stamped with the fence it completed ("<fence>:<fp>")
 //
 // Nothing deletes expired rows by itself: call PurgeExpired now and then.
 //
@@ -39,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -81,15 +84,18 @@ type Backend struct {
 	retries int
 	q       dialect.Statements
 	backoff retry.Policy
+	// probe is the arguments of q.HasFingerprint.
+	probe []any
 
 	mu       sync.Mutex
 	prepared map[string]*preparing
 }
 
 var (
-	_ store.Backend  = (*Backend)(nil)
-	_ store.Extender = (*Backend)(nil)
-	_ store.Purger   = (*Backend)(nil)
+	_ store.Backend       = (*Backend)(nil)
+	_ store.Extender      = (*Backend)(nil)
+	_ store.Purger        = (*Backend)(nil)
+	_ store.Fingerprinter = (*Backend)(nil)
 )
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -126,21 +132,51 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 		return nil, fmt.Errorf("sqllock: retries %d is negative", b.retries)
 	}
 	b.q = sq.Render(b.table)
+	schema, name := "", parts[len(parts)-1]
+	if len(parts) == 2 {
+		schema = parts[0]
+	}
+	switch d {
+	case Postgres:
+		b.probe = []any{`"` + strings.Join(parts, `"."`) + `"`}
+	case MySQL:
+		var s any // NULL: the connection's database
+		if schema != "" {
+			s = schema
+		}
+		b.probe = []any{s, name}
+	case SQLite:
+		if schema == "" {
+			schema = "main"
+		}
+		b.probe = []any{name, schema}
+	}
 	b.backoff = retry.Policy{Retries: b.retries, Base: 10 * time.Millisecond, Max: 320 * time.Millisecond}
 	return b, nil
 }
 
-// Schema returns the DDL EnsureSchema runs: the table and its index on
-// expires_at_ms.
+// Schema returns the DDL that EnsureSchema runs on a new database: the
+// table and its index on expires_at_ms. (On a table created by an earlier
+// version, EnsureSchema also adds the fingerprint column: see
+// UpgradeSchema.)
 func (b *Backend) Schema() string { return b.q.Schema1 }
+
+// UpgradeSchema returns the DDL that brings a table created by an earlier
+// version of this package, before the fingerprint column existed, up to
+// date: EnsureSchema runs it when the column is missing. Rows already in
+// the table keep working; they carry no fingerprint.
+func (b *Backend) UpgradeSchema() string { return b.q.AddFingerprint + ";" }
 
 // TTL returns the ttl the backend applies.
 func (b *Backend) TTL() time.Duration { return b.ttl }
 
-// EnsureSchema creates the table and its index if they do not exist. It is
-// safe to call from several instances at once.
+// EnsureSchema creates the table and its index if they do not exist, and
+// adds the fingerprint column to a table created by an earlier version
+// (UpgradeSchema), which takes the engine's table lock for a moment; it
+// changes nothing on a table that is up to date. It is safe to call from
+// several instances at once.
 func (b *Backend) EnsureSchema(ctx context.Context) error {
-	return b.retry(ctx, func() error {
+	err := b.retry(ctx, func() error {
 		tx, err := b.db.BeginTx(ctx, nil)
 		if err != nil {
 			return err
@@ -156,8 +192,45 @@ func (b *Backend) EnsureSchema(ctx context.Context) error {
 				return fmt.Errorf("sqllock: %s: %w", firstLine(q), err)
 			}
 		}
+		var n int
+		if err := tx.QueryRowContext(ctx, b.q.HasFingerprint, b.probe...).Scan(&n); err != nil {
+			return fmt.Errorf("sqllock: looking for the fingerprint column: %w", err)
+		}
+		if n == 0 {
+			if _, err := tx.ExecContext(ctx, b.q.AddFingerprint); err != nil {
+				return fmt.Errorf("sqllock: %s: %w", b.q.AddFingerprint, err)
+			}
+		}
 		return tx.Commit()
 	})
+	if err != nil {
+		// Another instance may have added the column first (MySQL and
+		// SQLite take no lock around the check): then all is well.
+		var n int
+		if b.db.QueryRowContext(ctx, b.q.HasFingerprint, b.probe...).Scan(&n) == nil && n == 1 {
+			return nil
+		}
+	}
+	return err
+}
+
+// explain adds to err, when it says that the table lacks the fingerprint
+// column, what to do about it; it returns any other err unchanged. Every
+// Claim statement names the column, so a claim on such a table fails
+// before it writes anything, and no body runs.
+func (b *Backend) explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "fingerprint") {
+		return err
+	}
+	var pg interface{ SQLState() string }
+	if (errors.As(err, &pg) && pg.SQLState() == "42703") || strings.Contains(msg, "Error 1054") || strings.Contains(msg, "no such column") || strings.Contains(msg, "no column named") {
+		return fmt.Errorf("sqllock: the table %s has no fingerprint column (it was created by an earlier version of sqllock): call EnsureSchema once, or run %s: %w", b.table, b.UpgradeSchema(), err)
+	}
+	return err
 }
 
 func firstLine(s string) string {
@@ -292,10 +365,38 @@ func (b *Backend) Close() error {
 type row struct {
 	state, fence, lease, exp, now int64
 	token                         string
+	fp                            sql.NullString
+}
+
+// stamp is what the fingerprint column holds for fp completed at fence:
+// NULL for none, else "<fence>:<fp>".
+func stamp(fence int64, fp string) any {
+	if fp == "" {
+		return nil
+	}
+	return strconv.FormatInt(fence, 10) + ":" + fp
+}
+
+// unstamp returns the fingerprint that v, read from a Done record at
+// fence, holds: "" for NULL, or for a stamp of another fence. A stamp of
+// another fence is left by a Complete of an earlier life of the record,
+// overwritten by this package's next Complete but not by an earlier
+// version's (which knows no fingerprints), so a table shared by instances
+// of both during an upgrade never reports a fingerprint for a completion
+// that stored none.
+func unstamp(v sql.NullString, fence int64) string {
+	if !v.Valid {
+		return ""
+	}
+	f, fp, ok := strings.Cut(v.String, ":")
+	if !ok || f != strconv.FormatInt(fence, 10) {
+		return ""
+	}
+	return fp
 }
 
 func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
-	err = b.queryRow(ctx, b.q.Read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.now)
+	err = b.queryRow(ctx, b.q.Read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}
@@ -309,7 +410,7 @@ func judge(r row, token string) (store.Result, bool) {
 	case r.state == 1 && r.token == token:
 		return store.Result{}, false
 	case r.state == 2 && r.now < r.exp:
-		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.exp)}, true
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.exp), Fingerprint: unstamp(r.fp, r.fence)}, true
 	case r.state == 1 && r.now < r.lease:
 		return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(r.lease)}, true
 	}
@@ -369,6 +470,10 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		return fmt.Errorf("sqllock: still contended after %d rounds", maxRounds)
 	})
 	if err != nil {
+		if missing := b.explain(err); missing != err {
+			// The statement was refused: nothing was written.
+			return store.Result{}, fmt.Errorf("sqllock: claim %q: %w", key, missing)
+		}
 		return store.Result{}, fmt.Errorf("sqllock: claim %q (outcome unknown: the key may be held until its lease lapses): %w", key, err)
 	}
 	res.Claim.Key = key
@@ -382,7 +487,8 @@ func won(fence, lease int64, token string) store.Result {
 // claimOne: Postgres, every outcome in one statement.
 func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	var outcome, fence, until, now int64
-	err := b.queryRow(ctx, b.q.Claim, []any{k, millis(lease), millis(b.ttl), token}, &outcome, &fence, &until, &now)
+	var fp sql.NullString
+	err := b.queryRow(ctx, b.q.Claim, []any{k, millis(lease), millis(b.ttl), token}, &outcome, &fence, &until, &now, &fp)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// the conflict saw the row, the snapshot did not. Look again.
@@ -404,7 +510,7 @@ func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, t
 		return store.Result{}, errRace
 	}
 	if outcome == 2 {
-		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until)}, nil
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until), Fingerprint: unstamp(fp, fence)}, nil
 	}
 	return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(until)}, nil
 }
@@ -435,32 +541,37 @@ func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration
 	return store.Result{}, errRace
 }
 
-// claimMySQL: INSERT IGNORE, then read, then a conditional reclaim.
+// claimMySQL: INSERT IGNORE; when the key is taken, a read, then a
+// conditional reclaim.
 func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
 	lms, tms := millis(lease), millis(b.ttl)
-	inserted, err := b.exec(ctx, b.q.Insert, k, lms, lms, tms, token)
+	st, err := b.stmt(ctx, b.q.Insert)
 	if err != nil {
 		return store.Result{}, err
 	}
+	res, err := st.ExecContext(ctx, k, lms, lms, tms, token)
+	if err != nil {
+		return store.Result{}, err
+	}
+	inserted, err := res.RowsAffected()
+	if err != nil {
+		return store.Result{}, err
+	}
+	if inserted == 1 {
+		// The insert won fence 1; LAST_INSERT_ID(expr) put the lease
+		// expiry it wrote into the reply.
+		// (A server or proxy that does not pass it on leaves it 0: then
+		// read the record, as for a taken key.)
+		if until, err := res.LastInsertId(); err == nil && until > 0 {
+			return won(1, until, token), nil
+		}
+	}
 	r, found, err := b.read(ctx, k)
 	if err != nil {
-		if inserted == 1 {
-			// The insert won the key, whatever the read's error says
-			// about the read: a retry that finds the key in other hands
-			// must not answer their outcome.
-			return store.Result{}, fmt.Errorf("%w, then reading it back failed: %w", errInsertWon, err)
-		}
 		return store.Result{}, err
 	}
 	if found && r.state == 1 && r.token == token {
 		return won(r.fence, r.lease, token), nil
-	}
-	if inserted == 1 {
-		// This call's insert won the key, and its lease lapsed before the
-		// read: another caller has taken (or completed) the key since.
-		// Answering that caller's outcome would account this call's win
-		// to nobody; trying again would win a second fence in one call.
-		return store.Result{}, fmt.Errorf("%w: the insert won the key but its lease lapsed and the record moved on before it was read", errUnknownOutcome)
 	}
 	if !found {
 		return store.Result{}, errRace
@@ -479,17 +590,42 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 	return store.Result{}, errRace
 }
 
-// Complete implements store.Backend.
+// Complete implements store.Backend. It clears a fingerprint left from an
+// earlier life of the record.
 func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
+	return b.complete(ctx, c, "")
+}
+
+// CompleteFingerprint implements store.Fingerprinter: Complete, storing fp
+// in the record it moves to Done.
+func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
+	if err := store.ValidateKey(c.Key); err != nil {
+		return false, err
+	}
+	if err := store.ValidateFingerprint(fp); err != nil {
+		return false, err
+	}
+	return b.complete(ctx, c, fp)
+}
+
+func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	k := []byte(c.Key)
+	stamped := stamp(c.Fence, fp)
 	var done bool
-	err := b.retry(ctx, func() error {
+	// lost is the error of the first attempt that may have completed the
+	// record without its reply arriving. A later attempt that finds the
+	// record no longer Claimed or Done with this fence cannot tell "stale"
+	// from "completed, then the ttl ended and someone reclaimed it": it
+	// answers an error, never false (false would call work that completed
+	// fenced out).
+	var lost error
+	attempt := func() error {
 		if b.q.Returning {
 			var one int
-			err := b.queryRow(ctx, b.q.Complete, []any{k, c.Fence, millis(b.ttl), c.Token}, &one)
+			err := b.queryRow(ctx, b.q.Complete, []any{k, c.Fence, millis(b.ttl), c.Token, stamped}, &one)
 			if errors.Is(err, sql.ErrNoRows) {
 				done = false
 				return nil
@@ -497,7 +633,7 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 			done = err == nil
 			return err
 		}
-		n, err := b.exec(ctx, b.q.Complete, millis(b.ttl), k, c.Fence, c.Token)
+		n, err := b.exec(ctx, b.q.Complete, millis(b.ttl), stamped, k, c.Fence, c.Token)
 		if err != nil || n == 1 {
 			done = n == 1
 			return err
@@ -508,9 +644,21 @@ func (b *Backend) Complete(ctx context.Context, c store.Claim) (bool, error) {
 		err = b.queryRow(ctx, b.q.IsDone, []any{k, c.Fence, c.Token}, &count)
 		done = count == 1
 		return err
+	}
+	err := b.retry(ctx, func() error {
+		err := attempt()
+		switch {
+		case err != nil:
+			if lost == nil && mayHaveLanded(err) {
+				lost = err
+			}
+		case !done && lost != nil:
+			err = fmt.Errorf("%w: %w", errCompleteUnknown, lost)
+		}
+		return err
 	})
 	if err != nil {
-		return false, fmt.Errorf("sqllock: complete %q fence %d: %w", c.Key, c.Fence, err)
+		return false, fmt.Errorf("sqllock: complete %q fence %d: %w", c.Key, c.Fence, b.explain(err))
 	}
 	return done, nil
 }

@@ -29,13 +29,15 @@ type SQL struct {
 	Claim string
 	// Upsert is SQLite's insert-or-reclaim, RETURNING the winner.
 	Upsert string
-	// Insert is MySQL's INSERT IGNORE of a fresh record.
+	// Insert is MySQL's INSERT IGNORE of a fresh record; its reply's insert
+	// id is the lease expiry it wrote.
 	Insert string
-	// Read reads the record and the database's now.
+	// Read reads the record, its fingerprint and the database's now.
 	Read string
 	// Reclaim is MySQL's conditional reclaim of a lapsed record.
 	Reclaim string
-	// Complete marks the claim's record done.
+	// Complete marks the claim's record done and stores its fingerprint
+	// (stamped with the fence, or NULL).
 	Complete string
 	// IsDone is MySQL's: is the record done with this fence and token?
 	IsDone string
@@ -53,6 +55,12 @@ type SQL struct {
 	// LockDDL, if set, runs before the schema in EnsureSchema's
 	// transaction (PostgreSQL's advisory lock).
 	LockDDL string
+	// HasFingerprint counts the table's fingerprint columns (0 or 1); its
+	// arguments are the engine's ProbeArgs.
+	HasFingerprint string
+	// AddFingerprint adds the fingerprint column to a table created before
+	// it existed.
+	AddFingerprint string
 }
 
 // Quote quotes one identifier in the engine's style.
@@ -76,11 +84,15 @@ func Postgres() *SQL {
 	fence           BIGINT NOT NULL,
 	lease_expiry_ms BIGINT NOT NULL,
 	expires_at_ms   BIGINT NOT NULL,
-	token           TEXT NOT NULL
+	token           TEXT NOT NULL,
+	fingerprint     TEXT
 )`,
 			`CREATE INDEX IF NOT EXISTS {I} ON {T} (expires_at_ms)`,
 		},
 		LockDDL: `SELECT pg_advisory_xact_lock(7213120497)`,
+		HasFingerprint: `SELECT count(*) FROM pg_attribute
+WHERE attrelid = to_regclass($1) AND attname = 'fingerprint' AND NOT attisdropped`,
+		AddFingerprint: `ALTER TABLE {T} ADD COLUMN fingerprint TEXT`,
 		Claim: `WITH clock AS (SELECT {NOW} AS ms),
 up AS (
 	INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
@@ -96,14 +108,16 @@ up AS (
 	   OR (r.state = 2 AND r.expires_at_ms <= EXCLUDED.lease_expiry_ms - $2)
 	RETURNING fence, lease_expiry_ms
 )
-SELECT 1, fence, lease_expiry_ms, 0::bigint FROM up
+SELECT 1, fence, lease_expiry_ms, 0::bigint, NULL::text FROM up
 UNION ALL
 SELECT CASE WHEN t.state = 2 THEN 2 ELSE 3 END, t.fence,
-       CASE WHEN t.state = 2 THEN t.expires_at_ms ELSE t.lease_expiry_ms END, clock.ms
+       CASE WHEN t.state = 2 THEN t.expires_at_ms ELSE t.lease_expiry_ms END, clock.ms,
+       CASE WHEN t.state = 2 THEN t.fingerprint END
 FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
-		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = $1`,
+		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = $1`,
 		Complete: `UPDATE {T} SET state = 2,
-	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + $3 ELSE expires_at_ms END
+	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + $3 ELSE expires_at_ms END,
+	fingerprint = CASE WHEN state = 1 THEN $5 ELSE fingerprint END
 WHERE idem_key = $1 AND fence = $2 AND token = $4 RETURNING 1`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c.ms, expires_at_ms = c.ms + $3
 FROM (SELECT {NOW} AS ms) c
@@ -138,13 +152,18 @@ func SQLite() *SQL {
 	fence           INTEGER NOT NULL,
 	lease_expiry_ms INTEGER NOT NULL,
 	expires_at_ms   INTEGER NOT NULL,
-	token           TEXT NOT NULL
+	token           TEXT NOT NULL,
+	fingerprint     TEXT
 )`,
 			// SQLite qualifies the index, not its table, with the schema.
 			`CREATE INDEX IF NOT EXISTS {SI} ON {TN} (expires_at_ms)`,
 		},
-		Upsert: `INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
-VALUES (?1, 1, 1, {NOW} + ?2, {NOW} + ?2 + ?3, ?4)
+		HasFingerprint: `SELECT COUNT(*) FROM pragma_table_info(?1, ?2) WHERE name = 'fingerprint'`,
+		AddFingerprint: `ALTER TABLE {T} ADD COLUMN fingerprint TEXT`,
+		// The fingerprint is named (NULL) so that a table without the column
+		// fails the claim before it writes anything.
+		Upsert: `INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint)
+VALUES (?1, 1, 1, {NOW} + ?2, {NOW} + ?2 + ?3, ?4, NULL)
 ON CONFLICT (idem_key) DO UPDATE SET
 	state = 1,
 	fence = CASE WHEN r.token = excluded.token THEN r.fence ELSE r.fence + 1 END,
@@ -155,9 +174,10 @@ WHERE (r.state = 1 AND r.token = excluded.token)
    OR (r.state = 1 AND r.lease_expiry_ms <= excluded.lease_expiry_ms - ?2)
    OR (r.state = 2 AND r.expires_at_ms <= excluded.lease_expiry_ms - ?2)
 RETURNING fence, lease_expiry_ms`,
-		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = ?1`,
+		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?1`,
 		Complete: `UPDATE {T} SET state = 2,
-	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END
+	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END,
+	fingerprint = CASE WHEN state = 1 THEN ?5 ELSE fingerprint END
 WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 RETURNING 1`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?3
 WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 AND state = 1`,
@@ -171,8 +191,9 @@ WHERE idem_key = ?1 AND fence = ?2 AND token = ?5 AND state = 1 RETURNING lease_
 
 // MySQL returns the SQL of MySQL 8 and MariaDB 10.5 or later (and Cloud SQL
 // for MySQL), through github.com/go-sql-driver/mysql. With no RETURNING on
-// an upsert, Claim is an INSERT IGNORE and a read (plus a conditional
-// UPDATE to reclaim); Complete and Release are one UPDATE.
+// an upsert, Claim is an INSERT IGNORE (plus, when the key is taken, a
+// read and a conditional UPDATE to reclaim); Complete and Release are one
+// UPDATE.
 func MySQL() *SQL {
 	return &SQL{
 		Name:  "mysql",
@@ -190,17 +211,26 @@ func MySQL() *SQL {
 	lease_expiry_ms BIGINT NOT NULL,
 	expires_at_ms   BIGINT NOT NULL,
 	token           VARCHAR(64) NOT NULL,
+	fingerprint     VARBINARY(160) NULL,
 	INDEX {I} (expires_at_ms)
 ) ENGINE=InnoDB`,
 		},
-		Insert: `INSERT IGNORE INTO {T} (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
-VALUES (?, 1, 1, {NOW} + ?, {NOW} + ? + ?, ?)`,
-		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, {NOW} FROM {T} WHERE idem_key = ?`,
+		HasFingerprint: `SELECT COUNT(*) FROM information_schema.columns
+WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name = 'fingerprint'`,
+		AddFingerprint: `ALTER TABLE {T} ADD COLUMN fingerprint VARBINARY(160) NULL`,
+		// The fingerprint is named (NULL) so that a table without the column
+		// fails the claim before it writes anything. LAST_INSERT_ID(expr)
+		// hands the new lease expiry back in the reply's insert id, so an
+		// insert that won needs no read.
+		Insert: `INSERT IGNORE INTO {T} (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint)
+VALUES (?, 1, 1, LAST_INSERT_ID({NOW} + ?), {NOW} + ? + ?, ?, NULL)`,
+		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?`,
 		Reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = ?
 WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
-		Complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ? WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
-		IsDone:   `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
+		Complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ?, fingerprint = ?
+WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+		IsDone: `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
 WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?, expires_at_ms = {NOW} + ? + ?
@@ -222,6 +252,8 @@ type Statements struct {
 	Complete, IsDone, Release, Extend    string
 	Lease, Purge                         string
 	Returning                            bool
+	// HasFingerprint and AddFingerprint, as in [SQL].
+	HasFingerprint, AddFingerprint string
 }
 
 // MaxIdent is the longest identifier every engine takes whole: PostgreSQL
@@ -266,6 +298,7 @@ func (d *SQL) Render(table string) Statements {
 		Read: r.Replace(d.Read), Reclaim: r.Replace(d.Reclaim), Complete: r.Replace(d.Complete),
 		IsDone: r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
 		Lease: r.Replace(d.Lease), Purge: r.Replace(d.Purge), Returning: d.Returning,
+		HasFingerprint: d.HasFingerprint, AddFingerprint: r.Replace(d.AddFingerprint),
 	}
 	for _, q := range d.Schema {
 		s.Schema = append(s.Schema, r.Replace(q))

@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -160,5 +161,45 @@ func TestMySQLClaimWhoseInsertWonAndWhoseReadFailedIsNeverAnsweredWithAnotherCal
 	}
 	if err == nil && r.Claim.Fence != 1 {
 		t.Fatalf("Claim whose insert won answered won with fence %d; want 1", r.Claim.Fence)
+	}
+}
+
+// A fresh claim on MySQL is one statement, and the lease expiry it reports
+// (handed back by LAST_INSERT_ID in the insert's reply) is the one the row
+// holds, by the server's clock.
+func TestMySQLFreshClaimIsOneStatementAndReportsTheStoredLease(t *testing.T) {
+	e := mariadb
+	c := &counter{}
+	db, b := e.fresh(t, c)
+	ctx := t.Context()
+	if _, err := b.Claim(ctx, "warm-up", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		key := fmt.Sprint("fresh-", i)
+		c.n.Store(0)
+		r, err := b.Claim(ctx, key, time.Duration(i+1)*time.Minute)
+		if err != nil || r.Outcome != store.Won || r.Claim.Fence != 1 {
+			t.Fatalf("claim: %v fence %d %v", r.Outcome, r.Claim.Fence, err)
+		}
+		if n := c.n.Load(); n != 1 {
+			t.Errorf("a fresh claim took %d statements, want 1", n)
+		}
+		var lease, exp int64
+		if err := db.QueryRowContext(ctx, "SELECT lease_expiry_ms, expires_at_ms FROM "+tableOf(b)+" WHERE idem_key = ?", []byte(key)).Scan(&lease, &exp); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.Claim.LeaseExpiry.UnixMilli(); got != lease {
+			t.Fatalf("reported lease expiry %d, the row holds %d", got, lease)
+		}
+		if exp != lease+b.TTL().Milliseconds() {
+			t.Fatalf("expires at %d, want the lease expiry %d + the ttl", exp, lease)
+		}
+		// The second claim of the key reads the record: the insert id of
+		// an ignored insert is never taken for a win.
+		c.n.Store(0)
+		if r, err := b.Claim(ctx, key, time.Minute); err != nil || r.Outcome != store.HeldByOther || r.Until.UnixMilli() != lease {
+			t.Fatalf("second claim: %v until %v %v; want held until %d", r.Outcome, r.Until, err, lease)
+		}
 	}
 }
