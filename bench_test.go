@@ -52,7 +52,8 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // BenchmarkDelivery compares one delivery through the CloudEvents HTTP
 // handler, unwrapped and wrapped by Idempotent on fake.Store: fresh message
-// ids (claim + complete each) and redeliveries of one id (a duplicate).
+// ids (claim + complete each) and redeliveries of one id (a duplicate),
+// with the default payload fingerprint and without (WithFingerprint(nil)).
 func BenchmarkDelivery(b *testing.B) {
 	cases := []struct {
 		name  string
@@ -65,6 +66,14 @@ func BenchmarkDelivery(b *testing.B) {
 		}, true},
 		{"wrapped_duplicate", func() idempotency.CloudEventFunc {
 			return idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet))(noop)
+		}, false},
+		// The default payload fingerprint's cost: the same deliveries
+		// without it, beside "wrapped" and "wrapped_duplicate".
+		{"wrapped_no_fingerprint", func() idempotency.CloudEventFunc {
+			return idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet), idempotency.WithFingerprint(nil))(noop)
+		}, true},
+		{"wrapped_duplicate_no_fingerprint", func() idempotency.CloudEventFunc {
+			return idempotency.Idempotent(fake.New(), idempotency.WithLogger(quiet), idempotency.WithFingerprint(nil))(noop)
 		}, false},
 	}
 	// loop delivers b.N messages through do, which returns the status.
@@ -136,13 +145,15 @@ func BenchmarkLock(b *testing.B) {
 }
 
 // maxWrapperAllocs is the most allocations Idempotent on fake.Store may add
-// to one fresh delivery through the CloudEvents handler.
-const maxWrapperAllocs = 10
+// to one fresh delivery through the CloudEvents handler: 10, and the
+// payload fingerprint's string (the default PayloadFingerprint scans the
+// data and hashes it without allocating otherwise).
+const maxWrapperAllocs = 11
 
 // TestWrapperAllocations pins what the wrapper adds to a fresh delivery
 // through the CloudEvents HTTP handler: at most maxWrapperAllocs
-// allocations (a key scan, the claim's context, the settle timeout's
-// context and the store's record), measured beside the unwrapped handler.
+// allocations (a key scan, the payload fingerprint, the claim's context,
+// the settle timeout's context and the store's record), measured beside the unwrapped handler.
 func TestWrapperAllocations(t *testing.T) {
 	allocs := func(fn idempotency.CloudEventFunc) float64 {
 		h := receiver(t, fn)

@@ -36,6 +36,7 @@
 //	outcome                                returned            HTTP   Pub/Sub
 //	handler returned nil                   nil                 200    ack
 //	duplicate: key done within the ttl     nil                 200    ack (handler skipped)
+//	key done with a different payload      409 result          409    nack (see WithFingerprint)
 //	key held by a live lease elsewhere     503 result          503    nack, retried later
 //	handler returned an error              the error           500    nack, retried
 //	handler's error wraps ErrInProgress    503 result          503    nack, retried later

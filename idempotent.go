@@ -53,6 +53,8 @@ func disabled() bool {
 //
 //	handler returned nil                   nil               200, ack
 //	duplicate (key done within the ttl)    nil               200, ack; handler not run
+//	key done with a different payload      409 result        409, nack; handler not run;
+//	  (see WithFingerprint)                                  one ERROR log, both fingerprints
 //	key held by a live lease elsewhere     503 result        503, nack; one warning log
 //	handler's error wraps ErrInProgress    503 result        503, nack (e.g. an inner Mutex)
 //	handler returned any other error       that error        500 (or its own 4xx/5xx), nack
@@ -65,7 +67,15 @@ func disabled() bool {
 // A result is an error in which the framework finds, with errors.As, a
 // cloudevents *http.Result carrying the status; errors.Is and errors.As
 // see through it to what it wraps: [ErrNoKey], [ErrMalformedEvent],
-// [store.ErrInvalidKey], an *[InProgressError] ([ErrInProgress]).
+// [store.ErrInvalidKey], an *[InProgressError] ([ErrInProgress]), a
+// *[PayloadMismatchError] ([ErrPayloadMismatch]).
+//
+// Why a payload mismatch is a 409: the message is not a duplicate, and
+// acking it would lose it; it cannot run either, since its key is done.
+// Like every non-ack it is redelivered until the dead-letter policy moves
+// it aside, where someone can look at it. 409 Conflict says what happened
+// (the delivery conflicts with the key's completed record) and, as a 4xx,
+// that it is the message, not the service, that is at fault.
 //
 // Why an unkeyed or malformed event is a 400 and not a 500: Pub/Sub
 // redelivers every status other than 102, 200, 201, 202 and 204 alike, so
@@ -108,6 +118,10 @@ func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEvent
 	}
 	if err := cfg.validate(); err != nil {
 		panic("idempotency.Idempotent: " + err.Error())
+	}
+	if _, ok := b.(store.Fingerprinter); b != nil && !ok && cfg.fingerprint != nil {
+		cfg.lock.log().Warn("idempotency: payload fingerprints are neither stored nor compared: the backend does not implement store.Fingerprinter; a key done by another payload is taken for a duplicate",
+			"backend", fmt.Sprintf("%T", b))
 	}
 	return func(h CloudEventFunc) CloudEventFunc {
 		if h == nil {
@@ -162,7 +176,11 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 		return refused(fmt.Errorf("idempotency: event %q: key%s: %w", e.ID(), hint, err))
 	}
-	ran, err := run(ctx, b, key, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
+	fp, err := c.fingerprintOf(e)
+	if err != nil {
+		return refused(err)
+	}
+	ran, err := run(ctx, b, key, fp, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}

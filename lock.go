@@ -134,7 +134,10 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // the key done when fn returns nil.
 //
 //   - Key completed within its ttl: fn does not run; Lock returns a
-//     *DuplicateError (errors.Is ErrDuplicate).
+//     *DuplicateError (errors.Is ErrDuplicate), or, when the call has a
+//     payload fingerprint ([WithPayloadFingerprint]) and the key was
+//     completed with a different one, a *PayloadMismatchError (errors.Is
+//     ErrPayloadMismatch, not ErrDuplicate).
 //   - Key held by a live lease elsewhere: fn does not run; Lock returns an
 //     *InProgressError (errors.Is ErrInProgress).
 //   - fn returns an error: the claim is released (the key can be claimed at
@@ -154,7 +157,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, fn, &cfg, false)
+	_, err := run(ctx, b, key, cfg.fingerprint, fn, &cfg, false)
 	return err
 }
 
@@ -174,16 +177,18 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 // again later, and may then run in any order.
 func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, fn, &cfg, true)
+	_, err := run(ctx, b, key, "", fn, &cfg, true)
 	return err
 }
 
 // run is the engine of Lock, Mutex and Idempotent. ran reports whether fn
 // was called: when it was, err is fn's own error (nil included), whatever
 // it wraps; when it was not, err is run's own outcome (a *DuplicateError,
-// an *InProgressError, or a failure to claim). The wrapper acks a
-// duplicate only when ran is false.
-func run(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, cfg *lockConfig, mutex bool) (ran bool, err error) {
+// a *PayloadMismatchError, an *InProgressError, or a failure to claim).
+// The wrapper acks a duplicate only when ran is false. fp is the payload's
+// fingerprint ("" for none): stored by the completion, and compared with
+// the stored one when the key is done.
+func run(ctx context.Context, b store.Backend, key, fp string, fn func(context.Context) error, cfg *lockConfig, mutex bool) (ran bool, err error) {
 	if b == nil {
 		return false, errors.New("idempotency: nil backend")
 	}
@@ -192,6 +197,9 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	}
 	if err := cfg.validate(); err != nil {
 		return false, fmt.Errorf(errPrefix+" %w", err)
+	}
+	if err := store.ValidateFingerprint(fp); err != nil {
+		return false, fmt.Errorf(errPrefix+" key %q: %w", key, err)
 	}
 	lease, fromDeadline := cfg.leaseFor(ctx)
 	var tr tracker // spans and metrics (telemetry.go)
@@ -207,6 +215,9 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	case store.AlreadyDone:
 		if mutex {
 			return false, &InProgressError{Key: key, Until: res.Until, Done: true}
+		}
+		if mismatch(res.Fingerprint, fp) {
+			return false, &PayloadMismatchError{Key: key, Stored: res.Fingerprint, Delivered: fp, Until: res.Until}
 		}
 		return false, &DuplicateError{Key: key, Until: res.Until, fromLock: true}
 	case store.HeldByOther:
@@ -280,7 +291,7 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 	var done bool
 	err = settle(tr.settling(ctx, opComplete), cfg, func(ctx context.Context) error {
 		return retryUntilDone(ctx, func() (err error) {
-			done, err = b.Complete(ctx, c)
+			done, err = complete(ctx, b, c, fp)
 			return err
 		})
 	})
@@ -294,6 +305,15 @@ func run(ctx context.Context, b store.Backend, key string, fn func(context.Conte
 			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
 	}
 	return true, nil
+}
+
+// complete completes c, storing fp with it when fp is not empty and b
+// keeps fingerprints.
+func complete(ctx context.Context, b store.Backend, c store.Claim, fp string) (bool, error) {
+	if f, ok := b.(store.Fingerprinter); ok && fp != "" {
+		return f.CompleteFingerprint(ctx, c, fp)
+	}
+	return b.Complete(ctx, c)
 }
 
 // leaseFor returns the lease to claim with on ctx, and whether it was

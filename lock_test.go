@@ -184,10 +184,16 @@ func (b extendingBackend) Extend(ctx context.Context, c store.Claim, lease time.
 }
 
 func (b extendingBackend) Complete(ctx context.Context, c store.Claim) (bool, error) {
+	return b.CompleteFingerprint(ctx, c, "")
+}
+
+// CompleteFingerprint overrides the fake's, which the embedding would
+// otherwise promote past the check.
+func (b extendingBackend) CompleteFingerprint(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if c.Rev != b.seen.Rev {
 		return false, errors.New("completed with a stale claim")
 	}
-	return b.Store.Complete(ctx, c)
+	return b.Store.CompleteFingerprint(ctx, c, fp)
 }
 
 func TestHeartbeatIsIgnoredWithAWarningWithoutExtender(t *testing.T) {
@@ -955,6 +961,10 @@ type crashingStore struct{ *fake.Store }
 
 func (crashingStore) Complete(context.Context, store.Claim) (bool, error) { return true, nil }
 func (crashingStore) Release(context.Context, store.Claim) error          { return nil }
+
+func (crashingStore) CompleteFingerprint(context.Context, store.Claim, string) (bool, error) {
+	return true, nil
+}
 
 // A holder that crashed with a lease sized from its 30s deadline frees its
 // key 30s + settle + margin after it claimed, not after store.DefaultLease.

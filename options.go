@@ -42,11 +42,13 @@ type config struct {
 	onDup     func(context.Context, string) error
 	hashKeys  bool
 	msgTrace  bool // WithTraceFromMessage (telemetry.go)
+	// fingerprint fingerprints each delivery's payload; nil means none.
+	fingerprint FingerprintFunc
 }
 
 // newConfig returns the defaults with opts applied, in order.
 func newConfig(opts []Option) config {
-	cfg := config{lock: newLockConfig(), key: MessageID()}
+	cfg := config{lock: newLockConfig(), key: MessageID(), fingerprint: defaultFingerprint}
 	for _, o := range opts {
 		o.applyIdempotent(&cfg)
 	}
@@ -83,6 +85,9 @@ type lockConfig struct {
 	now func() time.Time
 	// tel is where spans and metrics go (telemetry.go).
 	tel telemetryConfig
+
+	// fingerprint is Lock's payload fingerprint (WithPayloadFingerprint).
+	fingerprint string
 }
 
 // newLockConfig returns the defaults with opts applied, in order.

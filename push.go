@@ -201,6 +201,8 @@ func WithPushAuth(verify func(r *http.Request) error) Option {
 //	handler or claim error                   500              nack, retried
 //	no key, malformed event, key the port    400              nack, retried
 //	refuses ([store.ErrInvalidKey])
+//	key done with another payload            409              nack, retried
+//	([ErrPayloadMismatch], see WithFingerprint)
 //
 // and, for requests the functions framework would answer itself:
 //
@@ -284,7 +286,7 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 		if status < 400 || status > 599 {
 			status = http.StatusInternalServerError // never an ack for a failure
 		}
-		if status != http.StatusServiceUnavailable { // contention was logged already
+		if status != http.StatusServiceUnavailable && !loggedMismatch(err) { // contention and mismatches were logged already
 			log.ErrorContext(r.Context(), "idempotency: push delivery failed; nacking", "status", status,
 				"event_id", e.ID(), "error", err)
 		}

@@ -32,8 +32,27 @@ func (c *config) ownOutcome(ctx context.Context, e event.Event, key string, err 
 		c.lock.log().WarnContext(ctx, "idempotency: key in progress elsewhere; nacking with 503 for a later retry",
 			append(attrs, deliveryAttrs(e)...)...)
 		return withStatus(http.StatusServiceUnavailable, err)
+	case *PayloadMismatchError:
+		attrs := []any{"key", key, "event_id", e.ID(), "stored_fingerprint", own.Stored, "delivered_fingerprint", own.Delivered}
+		if !own.Until.IsZero() {
+			attrs = append(attrs, "until", own.Until)
+		}
+		c.lock.log().ErrorContext(ctx, "idempotency: the key was completed by a different payload; not a duplicate, handler not run; nacking with 409 (it reaches the dead-letter topic, if the subscription has one)",
+			append(attrs, deliveryAttrs(e)...)...)
+		return withStatus(http.StatusConflict, err)
 	}
 	return refused(err)
+}
+
+// loggedMismatch reports whether err is ownOutcome's 409 for a payload
+// mismatch, which it has logged with both fingerprints.
+func loggedMismatch(err error) bool {
+	se, ok := err.(*statusError)
+	if !ok || se.status != http.StatusConflict {
+		return false
+	}
+	_, ok = se.err.(*PayloadMismatchError)
+	return ok
 }
 
 // refused returns a failure of the guard's own (the handler did not run)

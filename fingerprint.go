@@ -1,0 +1,372 @@
+package idempotency
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// ErrPayloadMismatch reports a delivery whose key was already completed
+// with a different payload: not a duplicate, and not run. [Lock] returns
+// it as a *[PayloadMismatchError]; [Idempotent] and [PushHandler] nack
+// the delivery with a 409, so that it reaches the subscription's
+// dead-letter topic instead of being acked as a duplicate and lost.
+var ErrPayloadMismatch = errors.New("idempotency: payload mismatch")
+
+// PayloadMismatchError is the error [Lock] returns when the key was
+// completed within its ttl by a payload whose fingerprint differs from
+// this call's. errors.Is(err, ErrPayloadMismatch) reports true for it;
+// errors.Is(err, ErrDuplicate) reports false.
+type PayloadMismatchError struct {
+	// Key is the completed key.
+	Key string
+	// Stored is the fingerprint of the payload that completed the key.
+	Stored string
+	// Delivered is the fingerprint of this call's payload.
+	Delivered string
+	// Until is when the completed record expires (and the key can run
+	// again); zero when the backend does not say.
+	Until time.Time
+}
+
+// Error names the key and both fingerprints.
+func (e *PayloadMismatchError) Error() string {
+	return fmt.Sprintf("idempotency: payload mismatch: key %q was completed by a payload with fingerprint %q, this one has %q; not a duplicate, not run",
+		e.Key, e.Stored, e.Delivered)
+}
+
+// Is reports whether target is ErrPayloadMismatch.
+func (e *PayloadMismatchError) Is(target error) bool { return target == ErrPayloadMismatch }
+
+// FingerprintFunc computes the fingerprint of an event's payload, which
+// [Idempotent] stores with the key when the handler succeeds, and compares
+// with the stored one when a later delivery finds the key done. It must
+// give every delivery of one message the same fingerprint, and different
+// payloads different ones. An empty fingerprint with a nil error means
+// none: the delivery is not compared, and completes without one. A
+// non-nil error nacks the delivery before anything is claimed (a 400 when
+// it wraps [ErrMalformedEvent], else a 500). A fingerprint must pass
+// [store.ValidateFingerprint] (at most [store.MaxFingerprintLen] bytes of
+// UTF-8 without NUL); one that does not nacks the delivery with a 500.
+//
+// Two fingerprints are compared only when they share a scheme, the text
+// before their last colon (the whole of a fingerprint without one): a
+// record completed under another FingerprintFunc, or under
+// [PayloadFingerprint] with other attributes, is a plain duplicate, so
+// that changing the function never turns pending redeliveries into
+// mismatches. A FingerprintFunc of your own should start its
+// fingerprints with a scheme of its own, such as "orders-v1:".
+type FingerprintFunc func(e event.Event) (string, error)
+
+// The schemes of PayloadFingerprint's fingerprints.
+const (
+	// DataFingerprintScheme starts the fingerprint PayloadFingerprint()
+	// gives, over the message data alone: "data-sha256:" and 32 lowercase
+	// hex digits (the first 128 bits of the SHA-256).
+	DataFingerprintScheme = "data-sha256"
+	// attrsFingerprintScheme starts a fingerprint over the data and
+	// attributes, followed by "." and 8 hex digits naming the attribute
+	// set.
+	attrsFingerprintScheme = "data+attrs-sha256"
+)
+
+// fingerprintHexLen is how many hex digits of the SHA-256 a fingerprint
+// keeps: 128 bits, ample to tell two payloads of one key apart.
+const fingerprintHexLen = 32
+
+// defaultFingerprint is Idempotent's default FingerprintFunc.
+var defaultFingerprint = PayloadFingerprint()
+
+// PayloadFingerprint returns a [FingerprintFunc] over a Pub/Sub message:
+// the SHA-256 of its data (as published, base64-decoded), and of the named
+// attributes when some are named, with a scheme that says which:
+//
+//	PayloadFingerprint()           data-sha256:<32 hex>
+//	PayloadFingerprint("a", "b")   data+attrs-sha256.<8 hex>:<32 hex>
+//
+// where the 8 hex digits name the set of attributes (in any order). An
+// attribute absent from the message and one present with an empty value
+// are told apart. The data is the message's bytes, whatever shape the
+// delivery came in (an Eventarc binary or structured CloudEvent, a raw
+// push envelope through the functions framework or [PushHandler], an
+// unwrapped push), so every redelivery of one message has one
+// fingerprint. An event whose data is not a Pub/Sub message envelope has
+// none (the empty fingerprint): it is not compared.
+//
+// PayloadFingerprint() is [Idempotent]'s default. Attributes are not in
+// it because a republish of the same payload may carry attributes of its
+// own: Pub/Sub client libraries can add per-publish attributes (an
+// OpenTelemetry trace context, for one), which would make a producer's
+// second publish of the same order look like a changed payload. Name only
+// attributes that belong to the payload. On an unwrapped push
+// ([WithUnwrappedPush]) only the attributes that option names reach the
+// event: name the fingerprint's attributes there too, or a wrapped and an
+// unwrapped delivery of one message will differ.
+func PayloadFingerprint(attributes ...string) FingerprintFunc {
+	if len(attributes) == 0 {
+		return dataFingerprint
+	}
+	names := slices.Clone(attributes)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	set := sha256.New()
+	for _, n := range names {
+		writeField(set, n)
+	}
+	scheme := attrsFingerprintScheme + "." + hex.EncodeToString(set.Sum(nil)[:4])
+	return func(e event.Event) (string, error) {
+		var w struct {
+			Message *struct {
+				Data       []byte            `json:"data"`
+				Attributes map[string]string `json:"attributes"`
+			} `json:"message"`
+		}
+		if json.Unmarshal(e.Data(), &w) != nil || w.Message == nil {
+			return "", nil
+		}
+		h := sha256.New()
+		writeField(h, string(w.Message.Data))
+		for _, n := range names {
+			v, ok := w.Message.Attributes[n]
+			if !ok {
+				h.Write([]byte{0})
+				continue
+			}
+			h.Write([]byte{1})
+			writeField(h, v)
+		}
+		var sum [sha256.Size]byte
+		return fingerprintString(scheme, h.Sum(sum[:0])), nil
+	}
+}
+
+// writeField writes s, prefixed with its length, so that no two lists of
+// fields hash alike.
+func writeField(h interface{ Write([]byte) (int, error) }, s string) {
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+	h.Write(n[:])
+	h.Write([]byte(s))
+}
+
+// dataFingerprint is PayloadFingerprint(): the SHA-256 of the message data.
+// scanMessageData reads the data's base64 text in one pass without
+// decoding the envelope, and encoding/json decodes whatever it is not
+// sure of: every event gets the fingerprint a full decode gives it
+// (FuzzDataFingerprintScan pins it).
+func dataFingerprint(e event.Event) (string, error) {
+	b64, ok := scanMessageData(e.Data())
+	if !ok {
+		return decodedDataFingerprint(e.Data()), nil
+	}
+	sum, ok := sumBase64(b64)
+	if !ok {
+		return "", nil // encoding/json refuses it too
+	}
+	return fingerprintString(DataFingerprintScheme, sum[:]), nil
+}
+
+// decodedDataFingerprint is dataFingerprint with encoding/json: "" when
+// data is not a Pub/Sub envelope with a message object.
+func decodedDataFingerprint(data []byte) string {
+	var w struct {
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if json.Unmarshal(data, &w) != nil || w.Message == nil {
+		return ""
+	}
+	sum := sha256.Sum256(w.Message.Data)
+	return fingerprintString(DataFingerprintScheme, sum[:])
+}
+
+// sumBase64 is the SHA-256 of the bytes that standard base64 text b64
+// decodes to, as encoding/json decodes a []byte, decoded a block at a
+// time; false when b64 is not valid base64.
+func sumBase64(b64 []byte) ([sha256.Size]byte, bool) {
+	var sum [sha256.Size]byte
+	const block = 4096 // base64 characters, a multiple of 4
+	var buf [block / 4 * 3]byte
+	if len(b64) <= block {
+		n, err := base64.StdEncoding.Decode(buf[:], b64)
+		if err != nil {
+			return sum, false
+		}
+		return sha256.Sum256(buf[:n]), true
+	}
+	h := sha256.New()
+	for len(b64) > 0 {
+		chunk := b64[:min(block, len(b64))]
+		b64 = b64[len(chunk):]
+		n, err := base64.StdEncoding.Decode(buf[:], chunk)
+		if err != nil {
+			return sum, false
+		}
+		h.Write(buf[:n])
+	}
+	h.Sum(sum[:0])
+	return sum, true
+}
+
+// scanMessageData is dataFingerprint's fast path, on the scanner of
+// scanMessageIDs: one pass over a Pub/Sub envelope that checks the JSON
+// syntax and picks out the raw text of the top-level "message" object's
+// "data" string: empty when the message holds no data (absent, empty, or
+// null, which sets a []byte to nil; all three hash alike). It follows
+// encoding/json's rules where it answers: the last of duplicate keys
+// wins, keys match ignoring ASCII case, and a second "message" object
+// adds to the first unless a null in between dropped it. ok is false for
+// anything it is not sure of (a syntax error, an escape or a non-ASCII
+// byte in a key it reads or in the data, a data that is not a string or
+// null, a "message" that is absent, null or not an object), and the caller
+// then decodes with encoding/json.
+func scanMessageData(data []byte) (b64 []byte, ok bool) {
+	s := scanner{data: data}
+	s.space()
+	if !s.next('{') {
+		return nil, false
+	}
+	message := false // message is a non-nil object
+	if !s.object(func(key []byte, plain bool) bool {
+		if !plain {
+			return false
+		}
+		if !foldEqual(key, "message") {
+			return s.value(1)
+		}
+		switch s.peek() {
+		case 'n':
+			if !s.literal("null") {
+				return false
+			}
+			message, b64 = false, nil
+			return true
+		case '{':
+			s.i++
+			message = true
+			return s.object(func(key []byte, plain bool) bool {
+				if !plain {
+					return false
+				}
+				if !foldEqual(key, "data") {
+					return s.value(2)
+				}
+				switch s.peek() {
+				case 'n':
+					if !s.literal("null") {
+						return false
+					}
+					b64 = nil
+					return true
+				case '"':
+					v, plain, ok := s.str()
+					if !ok || !plain {
+						return false
+					}
+					b64 = v
+					return true
+				}
+				return false
+			})
+		}
+		return false
+	}) {
+		return nil, false
+	}
+	s.space()
+	if s.i != len(s.data) || !message {
+		return nil, false
+	}
+	return b64, true
+}
+
+// fingerprintString is scheme, a colon, and the first fingerprintHexLen
+// hex digits of sum, in one allocation.
+func fingerprintString(scheme string, sum []byte) string {
+	var b strings.Builder
+	b.Grow(len(scheme) + 1 + fingerprintHexLen)
+	b.WriteString(scheme)
+	b.WriteByte(':')
+	var digits [fingerprintHexLen]byte
+	hex.Encode(digits[:], sum[:fingerprintHexLen/2])
+	b.Write(digits[:])
+	return b.String()
+}
+
+// fingerprintScheme is the text of fp before its last colon.
+func fingerprintScheme(fp string) string {
+	if i := strings.LastIndexByte(fp, ':'); i >= 0 {
+		return fp[:i]
+	}
+	return fp
+}
+
+// mismatch reports whether a delivery with fingerprint delivered differs
+// from the payload that completed the key with fingerprint stored: both
+// known, of one scheme, and different.
+func mismatch(stored, delivered string) bool {
+	return stored != "" && delivered != "" && stored != delivered &&
+		fingerprintScheme(stored) == fingerprintScheme(delivered)
+}
+
+// WithFingerprint sets how [Idempotent] and [PushHandler] fingerprint a
+// delivery's payload (see [FingerprintFunc]); nil turns fingerprints off,
+// and a delivery whose key is done is then a duplicate whatever its
+// payload. The default is [PayloadFingerprint](), over the message data.
+//
+// The fingerprint is stored with the key when the handler succeeds, on a
+// backend that implements [store.Fingerprinter] (all of this module's
+// do). A later delivery of the key within its ttl whose fingerprint
+// differs is not a duplicate: the handler does not run, an ERROR log
+// names the key and both fingerprints, and the delivery is nacked with a
+// 409 (an error wrapping [ErrPayloadMismatch]), so that it reaches the
+// dead-letter topic instead of being acked and lost. A record completed
+// without a fingerprint (before fingerprints, or with them off) keeps
+// acking duplicates as before. On a backend that does not implement
+// store.Fingerprinter, nothing is stored and nothing compared: Idempotent
+// logs a warning once, when it is called.
+func WithFingerprint(f FingerprintFunc) Option {
+	return option(func(c *config) { c.fingerprint = f })
+}
+
+// WithPayloadFingerprint gives [Lock] the fingerprint of the payload its
+// body works on: Lock stores it with the key when the body succeeds (on a
+// backend that implements [store.Fingerprinter]), and when it finds the
+// key completed by a payload of another fingerprint (of the same scheme;
+// see [FingerprintFunc]), it returns a *[PayloadMismatchError] instead of
+// a duplicate, without running the body. An empty fp means none. A
+// fingerprint that [store.ValidateFingerprint] refuses makes Lock return
+// an error wrapping [store.ErrInvalidFingerprint] before it claims. [Mutex]
+// ignores it (it never completes), and so do [Idempotent] and
+// [PushHandler], which fingerprint each delivery with [WithFingerprint]'s
+// function.
+func WithPayloadFingerprint(fp string) LockOption {
+	return lockOption(func(c *lockConfig) { c.fingerprint = fp })
+}
+
+// fingerprintOf is the fingerprint of e under c, validated.
+func (c *config) fingerprintOf(e event.Event) (string, error) {
+	if c.fingerprint == nil {
+		return "", nil
+	}
+	fp, err := c.fingerprint(e)
+	if err != nil {
+		return "", fmt.Errorf(errPrefix+" event %q: fingerprinting the payload: %w", e.ID(), err)
+	}
+	if err := store.ValidateFingerprint(fp); err != nil {
+		return "", fmt.Errorf(errPrefix+" event %q: the FingerprintFunc's fingerprint: %w", e.ID(), err)
+	}
+	return fp, nil
+}
