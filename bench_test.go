@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
@@ -172,5 +173,30 @@ func TestWrapperAllocations(t *testing.T) {
 	t.Logf("%.1f allocations unwrapped, %.1f wrapped", plain, wrapped)
 	if wrapped-plain > maxWrapperAllocs+raceAllocSlack {
 		t.Fatalf("the wrapper adds %.1f allocations per delivery (%.1f against %.1f), want at most %d", wrapped-plain, wrapped, plain, maxWrapperAllocs)
+	}
+}
+
+// BenchmarkPayloadFingerprint measures the default fingerprint alone on a
+// delivery's event, for messages of 100 bytes and 64 KiB of data.
+func BenchmarkPayloadFingerprint(b *testing.B) {
+	for _, size := range []int{100, 64 << 10} {
+		b.Run(fmt.Sprintf("data=%dB", size), func(b *testing.B) {
+			data := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), size))
+			e := cloudevents.NewEvent()
+			e.SetID("1")
+			e.SetType(idempotency.PubSubEventType)
+			e.SetSource("//pubsub.googleapis.com/projects/p/topics/t")
+			if err := e.SetData(cloudevents.ApplicationJSON, []byte(`{"message":{"attributes":{"po_id":"PO-1"},"data":"`+data+`","messageId":"1"},"subscription":"s"}`)); err != nil {
+				b.Fatal(err)
+			}
+			fp := idempotency.PayloadFingerprint()
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				if s, err := fp(e); err != nil || s == "" {
+					b.Fatal(s, err)
+				}
+			}
+		})
 	}
 }
