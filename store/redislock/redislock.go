@@ -200,8 +200,16 @@ func New(client redis.Scripter, opts ...Option) (*Backend, error) {
 // TTL returns the ttl the backend applies.
 func (b *Backend) TTL() time.Duration { return b.ttl }
 
+// millis is d in whole milliseconds, rounded up, without overflow: a
+// duration within a millisecond of the largest one (a lease or ttl of
+// math.MaxInt64 meaning "forever") must not wrap to a negative count,
+// which would set a record's expiry in the past.
 func millis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
 }
 
 // Claim implements store.Backend.
