@@ -169,9 +169,16 @@ var (
 )
 
 // New returns a Backend over client: a *redis.Client, *redis.ClusterClient,
-// a failover client or any redis.UniversalClient. It does no I/O. It fails
-// on a nil client, a non-positive ttl, a prefix longer than
-// [store.MaxKeyLen], or negative retries.
+// a failover client or any redis.UniversalClient but a *redis.Ring. It does
+// no I/O. It fails on a nil client, a *redis.Ring, a non-positive ttl, a
+// prefix longer than [store.MaxKeyLen], or negative retries.
+//
+// A Ring is refused because it picks a key's shard by hashing over the
+// shards it sees at the moment: when a shard is added or removed, or its
+// heartbeat finds one down, keys move to a shard that has no record of
+// them, so a live claim goes unseen (a second caller wins the key beside
+// its holder) and a done key runs again within its ttl. Redis Cluster
+// keeps one owner per key through resharding and failover.
 func New(client redis.Scripter, opts ...Option) (*Backend, error) {
 	b := &Backend{
 		client: client,
@@ -184,6 +191,9 @@ func New(client redis.Scripter, opts ...Option) (*Backend, error) {
 	}
 	if client == nil {
 		return nil, errors.New("redislock: nil client")
+	}
+	if _, ok := client.(*redis.Ring); ok {
+		return nil, errors.New("redislock: a *redis.Ring moves keys between shards when its shards change, so a record can go unseen and a key be won twice: use a *redis.ClusterClient or one server")
 	}
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("redislock: %w", err)
