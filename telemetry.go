@@ -537,6 +537,8 @@ func ownOutcome(err error) string {
 		return OutcomeDuplicate
 	case *InProgressError:
 		return OutcomeInProgress
+	case *PayloadMismatchError:
+		return OutcomePayloadMismatch
 	}
 	return OutcomeClaimFailed
 }

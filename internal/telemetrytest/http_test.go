@@ -267,3 +267,28 @@ func TestFunctionsFrameworkOutcomesOnTheWire(t *testing.T) {
 		})
 	}
 }
+
+// Through the real functions framework, a message id redelivered with
+// another payload: nacked with the 409 of a payload mismatch, counted as
+// payload_mismatch, its call's span an Error.
+func TestFunctionsFrameworkPayloadMismatchIsCounted(t *testing.T) {
+	r := newRig(t)
+	opts := []idempotency.Option{idempotency.WithLogger(discard), idempotency.WithTracerProvider(r.tp), idempotency.WithMeterProvider(r.mp)}
+	serve(t, idempotency.Idempotent(fake.New(), opts...)(handler(new(bool))))
+	id := pubsubtest.NewID()
+	for i, c := range []struct {
+		data string
+		want int
+	}{{`{"qty":1}`, http.StatusOK}, {`{"qty":999}`, http.StatusConflict}} {
+		msg := &pubsubtest.Message{ID: id, Data: []byte(c.data)}
+		if code := deliver(t, serverURL, msg.BinaryRequest()); code != c.want {
+			t.Fatalf("delivery %d: HTTP %d, want %d", i+1, code, c.want)
+		}
+	}
+	if diff := cmp.Diff([]string{"idempotency.lock", "idempotency.claim", "idempotency.body", "idempotency.complete", "idempotency.lock!", "idempotency.claim"}, names(r.spans())); diff != "" {
+		t.Fatalf("spans (-want +got):\n%s", diff)
+	}
+	if got := r.collect(t)["idempotency.deliveries {delivery}"]; !cmp.Equal(got, map[string]int64{"idempotency.outcome=won": 1, "idempotency.outcome=payload_mismatch": 1}) {
+		t.Errorf("deliveries %v", got)
+	}
+}

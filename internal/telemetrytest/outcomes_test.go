@@ -64,6 +64,19 @@ func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 			wantClaim:   "idempotency.claim.result=already_done",
 		},
 		{
+			name: "payload mismatch",
+			setup: func(t *testing.T) setup {
+				s := fake.New()
+				if err := idempotency.Lock(t.Context(), s, key, ok, idempotency.WithPayloadFingerprint("order:qty-1")); err != nil {
+					t.Fatal(err)
+				}
+				return setup{b: s, fn: mustNotRun(t), opts: []idempotency.LockOption{idempotency.WithPayloadFingerprint("order:qty-999")}}
+			},
+			wantSpans:   []string{"idempotency.lock!", "idempotency.claim"},
+			wantOutcome: idempotency.OutcomePayloadMismatch,
+			wantClaim:   "idempotency.claim.result=already_done",
+		},
+		{
 			name: "in progress",
 			setup: func(t *testing.T) setup {
 				s := fake.New()
