@@ -5,7 +5,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 MOD := github.com/gcp-pubsub-idempotency/idempotency
 ALL := $(MOD)/...
 
-.PHONY: test check services demo e2e function-source bench storm consumer-graph
+.PHONY: test check services demo e2e function-source bench bench-all storm consumer-graph
 
 # Everything CI runs: formatting, vet, staticcheck, and every test under the
 # race detector, with every backend against its real server: a missing
@@ -58,7 +58,17 @@ function-source:
 fuzz:
 	./scripts/fuzz.sh
 
+# One table: each backend's Lock beside its baselines (plain writes, naive
+# transactions, ...) at 1 and 16 workers, with the ratio, from one run
+# (docs/performance.md). A backend whose server is missing gets a note row.
+# BENCHTIME and BENCHCOUNT override -benchtime and -count.
+BENCHTIME ?= 1s
+BENCHCOUNT ?= 3
 bench:
+	go run ./internal/benchtable -benchtime $(BENCHTIME) -count $(BENCHCOUNT)
+
+# Every benchmark of every module, three times, as go test prints them.
+bench-all:
 	go test -run '^$$' -bench . -benchtime 2s -count 3 $(ALL)
 
 # What a user's module graph holds when it imports the root package and one

@@ -686,12 +686,40 @@ func (c *commandChecker) makeTarget(t *testing.T, target string) error {
 			if err := c.goTestSelects(env, words[2:]); err != nil {
 				return fmt.Errorf("recipe %q: %w", line, err)
 			}
+		case len(words) >= 3 && words[0] == "go" && words[1] == "run" && strings.HasPrefix(words[2], "./internal/"):
+			if err := c.goRunFlags(t, words[2], words[3:]); err != nil {
+				return fmt.Errorf("recipe %q: %w", line, err)
+			}
 		case len(words) >= 1 && strings.HasPrefix(words[0], "./scripts/"):
 			if !strings.Contains(testRecipe, words[0]) {
 				return fmt.Errorf("recipe runs %s, which make test does not run", words[0])
 			}
 		default:
 			return fmt.Errorf("recipe line %q: no check knows it", line)
+		}
+	}
+	return nil
+}
+
+// goRunFlags checks `go run ./internal/<cmd> args...` in a recipe: the
+// command builds (make test runs its tests with every package's), and
+// every -flag the recipe passes is one its usage (-h) lists.
+func (c *commandChecker) goRunFlags(t *testing.T, pkg string, args []string) error {
+	bin := filepath.Join(t.TempDir(), "cmd")
+	build := exec.Command("go", "build", "-o", bin, pkg)
+	build.Dir = c.root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+	}
+	usage, _ := exec.Command(bin, "-h").CombinedOutput() // -h exits 2 after the usage
+	for _, a := range args {
+		name, ok := strings.CutPrefix(a, "-")
+		if !ok {
+			continue
+		}
+		name, _, _ = strings.Cut(strings.TrimPrefix(name, "-"), "=")
+		if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(name) + `\b`).Match(usage) {
+			return fmt.Errorf("%s has no flag -%s:\n%s", pkg, name, usage)
 		}
 	}
 	return nil
