@@ -24,6 +24,7 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"regexp"
@@ -57,6 +58,7 @@ var suites = []suite{
 func main() {
 	benchtime := flag.String("benchtime", "1s", "go test -benchtime for each benchmark")
 	count := flag.Int("count", 3, "go test -count: rounds of each package's benchmarks")
+	timeout := flag.Duration("timeout", 3*time.Minute, "go test -timeout for each package: a package that runs longer gets the rows it finished and a note")
 	only := flag.String("only", "", "run only the suites whose name or package matches this regexp")
 	parse := flag.String("parse", "", "print the table of this saved `go test -bench -v` output (suites separated by lines '# suite <name>') instead of running")
 	flag.Parse()
@@ -79,7 +81,7 @@ func main() {
 			if !re.MatchString(s.name) && !re.MatchString(s.pkg) {
 				continue
 			}
-			outs = append(outs, runSuite(s, *benchtime, *count))
+			outs = append(outs, runSuite(s, *benchtime, *count, *timeout))
 		}
 	}
 	fmt.Print(machine(*benchtime, *count))
@@ -98,11 +100,11 @@ type output struct {
 }
 
 // runSuite runs one package's benchmarks, echoing progress to stderr.
-func runSuite(s suite, benchtime string, count int) output {
+func runSuite(s suite, benchtime string, count int, timeout time.Duration) output {
 	start := time.Now()
 	fmt.Fprintf(os.Stderr, "benchtable: %s (%s)...\n", s.name, s.pkg)
 	cmd := exec.Command("go", "test", "-run", "^$", "-bench", s.bench, "-benchmem", "-v",
-		"-benchtime", benchtime, "-count", strconv.Itoa(count), "-timeout", "30m", s.pkg)
+		"-benchtime", benchtime, "-count", strconv.Itoa(count), "-timeout", timeout.String(), s.pkg)
 	// A missing server skips (a note row), whatever the caller's shell set.
 	cmd.Env = append(os.Environ(), "IDEMPOTENCY_REQUIRE_SERVICES=", "CI=")
 	var buf bytes.Buffer
@@ -254,9 +256,17 @@ func suiteRows(o output) (rows []row, note string, failed bool) {
 	sc := bufio.NewScanner(bytes.NewReader(o.text))
 	sc.Buffer(nil, 1<<20)
 	var pending []string // the indented lines a SKIP or FAIL line follows
+	timedOut := ""
 	for sc.Scan() {
 		line := sc.Text()
 		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "panic: test timed out") {
+			timedOut = strings.TrimPrefix(trimmed, "panic: ")
+			if sc.Scan() && sc.Scan() { // "running tests:", then the first one
+				timedOut += " in " + strings.Fields(sc.Text() + " ?")[0]
+			}
+			break
+		}
 		if name, ok := strings.CutPrefix(trimmed, "--- SKIP: "); ok {
 			skip = append(skip, withWhy(name, pending))
 			pending = nil
@@ -317,16 +327,21 @@ func suiteRows(o output) (rows []row, note string, failed bool) {
 		}
 	}
 	switch {
+	case timedOut != "":
+		return rows, timedOut + "; the rows above are the runs that finished", true
 	case len(fail) > 0 || (o.err != nil && len(skip) == 0):
 		why := strings.Join(fail, "; ")
 		if why == "" {
-			why = firstLines(o.text, 3)
+			why = lastLines(o.text, 3)
+			if o.err != nil {
+				why = o.err.Error() + ": " + why
+			}
 		}
 		return rows, "failed: " + why, true
 	case len(skip) > 0:
 		return rows, "not measured (skipped): " + strings.Join(skip, "; "), false
 	case len(rows) == 0:
-		return rows, "no results: " + firstLines(o.text, 3), false
+		return rows, "no results: " + lastLines(o.text, 3), false
 	}
 	return rows, "", false
 }
@@ -357,7 +372,7 @@ func extras(runs, base []result) string {
 		for _, r := range runs {
 			vs = append(vs, r.metrics[k])
 		}
-		v := strconv.FormatFloat(median(vs), 'g', 3, 64) + " " + k
+		v := number(median(vs)) + " " + k
 		if k == "allocs/op" {
 			var bs []float64
 			for _, r := range base {
@@ -366,12 +381,25 @@ func extras(runs, base []result) string {
 				}
 			}
 			if len(bs) > 0 {
-				v += fmt.Sprintf(" (%+g)", median(vs)-median(bs))
+				d := median(vs) - median(bs)
+				sign := "+"
+				if d < 0 {
+					sign = ""
+				}
+				v += " (" + sign + number(d) + ")"
 			}
 		}
 		out = append(out, v)
 	}
 	return strings.Join(out, ", ")
+}
+
+// number prints v with three significant digits, without an exponent.
+func number(v float64) string {
+	if math.Abs(v) >= 100 {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
 }
 
 func median(vs []float64) float64 {
@@ -387,21 +415,18 @@ func median(vs []float64) float64 {
 	return (s[n/2-1] + s[n/2]) / 2
 }
 
-// firstLines returns up to n non-empty lines of text, joined.
-func firstLines(text []byte, n int) string {
+// lastLines returns the last n non-empty lines of text, joined.
+func lastLines(text []byte, n int) string {
 	var out []string
 	for line := range strings.Lines(string(text)) {
 		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "=== ") {
 			out = append(out, t)
-			if len(out) == n {
-				break
-			}
 		}
 	}
 	if len(out) == 0 {
 		return "(no output)"
 	}
-	return strings.Join(out, " / ")
+	return strings.Join(out[max(0, len(out)-n):], " / ")
 }
 
 // render prints the rows as a Markdown table.

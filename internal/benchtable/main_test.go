@@ -30,6 +30,8 @@ func TestTableFromSavedOutput(t *testing.T) {
 		"| SQL | not measured (skipped): BenchmarkDelivery/mysql: enginetest.go:40: mariadb not available; apt-get install mariadb-server |",
 		"| Datastore | not measured (skipped): BenchmarkDelivery: bench_test.go:56: Datastore emulator not available",
 		"| Spanner | failed: BenchmarkDelivery/lock/workers=1: bench_test.go:80: boom |",
+		"| Firestore | BenchmarkDelivery | 1 | lock | 2000 | naive-2-transactions | 1000 | **2.00x** | 2.00-2.00 | 2 RPCs/delivery, 1270 allocs/op (-730) |",
+		"| Firestore | test timed out after 3m0s in BenchmarkDelivery/naive-2-transactions/workers=16; the rows above are the runs that finished |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the table lacks\n%s\n\n%s", want, got)
