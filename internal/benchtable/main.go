@@ -22,6 +22,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"math"
@@ -58,9 +59,9 @@ var suites = []suite{
 func main() {
 	benchtime := flag.String("benchtime", "1s", "go test -benchtime for each benchmark")
 	count := flag.Int("count", 3, "go test -count: rounds of each package's benchmarks")
-	timeout := flag.Duration("timeout", 3*time.Minute, "go test -timeout for each package: a package that runs longer gets the rows it finished and a note")
+	timeout := flag.Duration("timeout", 3*time.Minute, "time budget of each package: one that runs longer is stopped, and keeps the rows it finished and a note")
 	only := flag.String("only", "", "run only the suites whose name or package matches this regexp")
-	parse := flag.String("parse", "", "print the table of this saved `go test -bench -v` output (suites separated by lines '# suite <name>') instead of running")
+	parse := flag.String("parse", "", "print the table of this saved `go test -bench -v` output (suites separated by lines '# suite <name>', a line '# stopped after <duration>' for a stopped one) instead of running")
 	flag.Parse()
 
 	var outs []output
@@ -77,11 +78,13 @@ func main() {
 			fmt.Fprintln(os.Stderr, "benchtable: -only:", err)
 			os.Exit(2)
 		}
+		adoptOrphans()
 		for _, s := range suites {
 			if !re.MatchString(s.name) && !re.MatchString(s.pkg) {
 				continue
 			}
 			outs = append(outs, runSuite(s, *benchtime, *count, *timeout))
+			reapOrphans()
 		}
 	}
 	fmt.Print(machine(*benchtime, *count))
@@ -97,14 +100,23 @@ type output struct {
 	suite string
 	text  []byte
 	err   error // go test's exit status
+	// stopped is the time budget after which the run was stopped; zero
+	// when it ended by itself.
+	stopped time.Duration
 }
 
-// runSuite runs one package's benchmarks, echoing progress to stderr.
+// runSuite runs one package's benchmarks, echoing progress to stderr,
+// and stops them after timeout (go test's own -timeout does not cover
+// benchmarks).
 func runSuite(s suite, benchtime string, count int, timeout time.Duration) output {
 	start := time.Now()
 	fmt.Fprintf(os.Stderr, "benchtable: %s (%s)...\n", s.name, s.pkg)
-	cmd := exec.Command("go", "test", "-run", "^$", "-bench", s.bench, "-benchmem", "-v",
-		"-benchtime", benchtime, "-count", strconv.Itoa(count), "-timeout", timeout.String(), s.pkg)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", "test", "-run", "^$", "-bench", s.bench, "-benchmem", "-v",
+		"-benchtime", benchtime, "-count", strconv.Itoa(count), s.pkg)
+	ownGroup(cmd)
+	cmd.WaitDelay = 10 * time.Second
 	// A missing server skips (a note row), whatever the caller's shell set.
 	cmd.Env = append(os.Environ(), "IDEMPOTENCY_REQUIRE_SERVICES=", "CI=")
 	var buf bytes.Buffer
@@ -112,7 +124,11 @@ func runSuite(s suite, benchtime string, count int, timeout time.Duration) outpu
 	cmd.Stderr = &buf
 	err := cmd.Run()
 	fmt.Fprintf(os.Stderr, "benchtable: %s done in %s\n", s.name, time.Since(start).Round(time.Second))
-	return output{suite: s.name, text: buf.Bytes(), err: err}
+	o := output{suite: s.name, text: buf.Bytes(), err: err}
+	if ctx.Err() != nil {
+		o.stopped = timeout
+	}
+	return o
 }
 
 // splitSaved splits saved output at '# suite <name>' lines.
@@ -130,6 +146,9 @@ func splitSaved(data []byte) []output {
 		o.text = append(o.text, line...)
 		if strings.HasPrefix(line, "FAIL") {
 			o.err = fmt.Errorf("FAIL")
+		}
+		if d, ok := strings.CutPrefix(strings.TrimSpace(line), "# stopped after "); ok {
+			o.stopped, _ = time.ParseDuration(d)
 		}
 	}
 	return outs
@@ -256,17 +275,9 @@ func suiteRows(o output) (rows []row, note string, failed bool) {
 	sc := bufio.NewScanner(bytes.NewReader(o.text))
 	sc.Buffer(nil, 1<<20)
 	var pending []string // the indented lines a SKIP or FAIL line follows
-	timedOut := ""
 	for sc.Scan() {
 		line := sc.Text()
 		trimmed := strings.TrimSpace(line)
-		if strings.HasPrefix(trimmed, "panic: test timed out") {
-			timedOut = strings.TrimPrefix(trimmed, "panic: ")
-			if sc.Scan() && sc.Scan() { // "running tests:", then the first one
-				timedOut += " in " + strings.Fields(sc.Text() + " ?")[0]
-			}
-			break
-		}
 		if name, ok := strings.CutPrefix(trimmed, "--- SKIP: "); ok {
 			skip = append(skip, withWhy(name, pending))
 			pending = nil
@@ -327,8 +338,8 @@ func suiteRows(o output) (rows []row, note string, failed bool) {
 		}
 	}
 	switch {
-	case timedOut != "":
-		return rows, timedOut + "; the rows above are the runs that finished", true
+	case o.stopped > 0:
+		return rows, fmt.Sprintf("stopped after %s (the time budget, -timeout); the rows above are the runs that finished", o.stopped), false
 	case len(fail) > 0 || (o.err != nil && len(skip) == 0):
 		why := strings.Join(fail, "; ")
 		if why == "" {
