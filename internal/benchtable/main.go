@@ -15,7 +15,7 @@
 // A benchmark that fails gets a note row too, and benchtable then exits 1
 // after printing the table.
 //
-//	go run ./internal/benchtable [-benchtime 1s] [-count 3] [-only regexp]
+//	go run ./internal/benchtable [-benchtime 1s] [-count 3] [-workers 1,16] [-timeout 3m] [-only regexp]
 //	go run ./internal/benchtable -parse saved.txt   # table from saved output
 package main
 
@@ -43,22 +43,25 @@ const mod = "github.com/gcp-pubsub-idempotency/idempotency"
 type suite struct {
 	name  string // the backend, as the table names it
 	pkg   string
-	bench string // -bench regexp
+	bench string // -bench regexp; WORKERS stands for the -workers choice
 }
 
-// suites are run in this order.
+// suites are run in this order. A backend's BenchmarkDelivery may measure
+// more worker counts than the table shows: the -bench pattern selects the
+// ones it shows (one name element per level: the SQL engines add one).
 var suites = []suite{
-	{"wrapper (fake.Store)", mod, "^(BenchmarkDelivery|BenchmarkLock)$"},
-	{"Redis", mod + "/store/redislock", "^BenchmarkDelivery$"},
-	{"SQL", mod + "/store/sqllock/internal/enginetest", "^BenchmarkDelivery$"},
-	{"Datastore", mod + "/store/datastorelock", "^BenchmarkDelivery$"},
-	{"Firestore", mod + "/store/firestorelock", "^BenchmarkDelivery$"},
-	{"Spanner", mod + "/store/spannerlock", "^BenchmarkDelivery$"},
+	{"wrapper (fake.Store)", mod, "^BenchmarkDelivery$|^BenchmarkLock$/.*/.*/^workers=WORKERS$"},
+	{"Redis", mod + "/store/redislock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
+	{"SQL", mod + "/store/sqllock/internal/enginetest", "^BenchmarkDelivery$/.*/.*/^workers=WORKERS$"},
+	{"Datastore", mod + "/store/datastorelock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
+	{"Firestore", mod + "/store/firestorelock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
+	{"Spanner", mod + "/store/spannerlock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
 }
 
 func main() {
 	benchtime := flag.String("benchtime", "1s", "go test -benchtime for each benchmark")
 	count := flag.Int("count", 3, "go test -count: rounds of each package's benchmarks")
+	workers := flag.String("workers", "1,16", "the worker counts to measure, where a benchmark measures several")
 	timeout := flag.Duration("timeout", 3*time.Minute, "time budget of each package: one that runs longer is stopped, and keeps the rows it finished and a note")
 	only := flag.String("only", "", "run only the suites whose name or package matches this regexp")
 	parse := flag.String("parse", "", "print the table of this saved `go test -bench -v` output (suites separated by lines '# suite <name>', a line '# stopped after <duration>' for a stopped one) instead of running")
@@ -83,6 +86,7 @@ func main() {
 			if !re.MatchString(s.name) && !re.MatchString(s.pkg) {
 				continue
 			}
+			s.bench = strings.ReplaceAll(s.bench, "WORKERS", "("+strings.ReplaceAll(regexp.QuoteMeta(*workers), ",", "|")+")")
 			outs = append(outs, runSuite(s, *benchtime, *count, *timeout))
 			reapOrphans()
 		}
