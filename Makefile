@@ -62,7 +62,7 @@ fuzz:
 # transactions, ...) at 1 and 16 workers, with the ratio, from one run
 # (docs/performance.md). A backend whose server is missing gets a note row.
 # BENCHTIME and BENCHCOUNT override -benchtime and -count.
-BENCHTIME ?= 1s
+BENCHTIME ?= 500ms
 BENCHCOUNT ?= 3
 bench:
 	go run ./internal/benchtable -benchtime $(BENCHTIME) -count $(BENCHCOUNT)

@@ -80,6 +80,7 @@ func BenchmarkDelivery(b *testing.B) {
 	// loop delivers b.N messages through do, which returns the status.
 	loop := func(b *testing.B, fresh bool, do func(id string) int) {
 		b.ReportAllocs()
+		defer bench.CPU(b)()
 		i := 0
 		for b.Loop() {
 			i++
@@ -129,6 +130,7 @@ func BenchmarkLock(b *testing.B) {
 				ctx := context.Background()
 				body := func(context.Context) error { return nil }
 				b.ReportAllocs()
+				defer bench.CPU(b)()
 				bench.Deliveries(b, workers, func(key string) error {
 					if kind == "lock" {
 						return idempotency.Lock(ctx, s, key, body)

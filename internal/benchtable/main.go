@@ -15,7 +15,7 @@
 // A benchmark that fails gets a note row too, and benchtable then exits 1
 // after printing the table.
 //
-//	go run ./internal/benchtable [-benchtime 1s] [-count 3] [-workers 1,16] [-timeout 3m] [-only regexp]
+//	go run ./internal/benchtable [-benchtime 500ms] [-count 3] [-workers 1,16] [-timeout 3m] [-only regexp]
 //	go run ./internal/benchtable -parse saved.txt   # table from saved output
 package main
 
@@ -59,7 +59,7 @@ var suites = []suite{
 }
 
 func main() {
-	benchtime := flag.String("benchtime", "1s", "go test -benchtime for each benchmark")
+	benchtime := flag.String("benchtime", "500ms", "go test -benchtime for each benchmark")
 	count := flag.Int("count", 3, "go test -count: rounds of each package's benchmarks")
 	workers := flag.String("workers", "1,16", "the worker counts to measure, where a benchmark measures several")
 	timeout := flag.Duration("timeout", 3*time.Minute, "time budget of each package: one that runs longer is stopped, and keeps the rows it finished and a note")
@@ -385,24 +385,28 @@ func extras(runs, base []result) string {
 	for _, k := range keys {
 		var vs []float64
 		for _, r := range runs {
-			vs = append(vs, r.metrics[k])
+			if v, ok := r.metrics[k]; ok {
+				vs = append(vs, v)
+			}
 		}
 		v := number(median(vs)) + " " + k
-		if k == "allocs/op" {
-			var bs []float64
-			for _, r := range base {
-				if b, ok := r.metrics[k]; ok {
-					bs = append(bs, b)
-				}
+		var bs []float64
+		for _, r := range base {
+			if b, ok := r.metrics[k]; ok {
+				bs = append(bs, b)
 			}
-			if len(bs) > 0 {
-				d := median(vs) - median(bs)
-				sign := "+"
-				if d < 0 {
-					sign = ""
-				}
-				v += " (" + sign + number(d) + ")"
+		}
+		switch {
+		case len(bs) == 0:
+		case k == "allocs/op":
+			d := median(vs) - median(bs)
+			sign := "+"
+			if d < 0 {
+				sign = ""
 			}
+			v += " (" + sign + number(d) + ")"
+		case k == "cpu-ns/op" && median(bs) > 0:
+			v += fmt.Sprintf(" (%.2fx the baseline's)", median(vs)/median(bs))
 		}
 		out = append(out, v)
 	}

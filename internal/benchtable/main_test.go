@@ -23,7 +23,7 @@ func TestTableFromSavedOutput(t *testing.T) {
 	got := render(rows)
 	for _, want := range []string{
 		// 10000/12500, 10000/11000, 10000/20000: median 0.8, range 0.5-0.91.
-		"| wrapper (fake.Store) | BenchmarkDelivery/in-process | 1 | wrapped | 80000 | unwrapped | 100000 | **0.80x** | 0.50-0.91 | 57 allocs/op (+10) |",
+		"| wrapper (fake.Store) | BenchmarkDelivery/in-process | 1 | wrapped | 80000 | unwrapped | 100000 | **0.80x** | 0.50-0.91 | 57 allocs/op (+10), 9600 cpu-ns/op (1.20x the baseline's) |",
 		"| Redis | BenchmarkDelivery | 1 | lock | 8000 | baseline-2-round-trips | 10000 | **0.80x** | 0.80-0.80 | 20 allocs/op (+11), 2 round-trips/delivery |",
 		"| Redis | BenchmarkDelivery | 16 | lock | 19000 | baseline-2-round-trips | 20000 | **0.95x** |",
 		"| SQL | BenchmarkDelivery/postgres | 1 | lock | 900 | baseline-2-writes | 1000 | **0.90x** |",
