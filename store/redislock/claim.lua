@@ -16,7 +16,8 @@
 --                             same fence, and the lease expiry it set (which
 --                             may have passed, as after a slow reply). The
 --                             call took effect once, when that attempt ran.
---   {2, fence, expires_at, fp} already done within the ttl; fp is the
+--   {2, fence, expires_at, fp} already done within the ttl (expires_at -1:
+--                             the key has no expiry); fp is the
 --                             stored fingerprint ('' for none)
 --   {3, fence, lease_expiry}  held by another live lease
 --   {4, fence, 0}             a resend that does not find its own claim: it
@@ -47,7 +48,9 @@ end
 local s, f, at, t, fp = decode(KEYS[1], old)
 if s == 'd' then
   at = redis.call('PEXPIRETIME', KEYS[1])
-  if n < at then
+  -- -1: the key has no expiry (someone ran PERSIST on it): the record
+  -- never reaches its expires-at, so it stays done (reported as -1).
+  if at < 0 or n < at then
     return {2, f, at, fp}
   end
 elseif n < at then

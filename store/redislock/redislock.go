@@ -244,6 +244,9 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	case 1:
 		return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: reply[1], Token: token, LeaseExpiry: at}}, nil
 	case 2:
+		if reply[2] < 0 { // a done key without an expiry: done for good
+			at = time.Time{}
+		}
 		return store.Result{Outcome: store.AlreadyDone, Until: at, Fingerprint: fp}, nil
 	case 3:
 		return store.Result{Outcome: store.HeldByOther, Until: at}, nil
