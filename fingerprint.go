@@ -211,7 +211,9 @@ func sumBase64(b64 []byte) ([sha256.Size]byte, bool) {
 		chunk := b64[:min(block, len(b64))]
 		b64 = b64[len(chunk):]
 		n, err := base64.StdEncoding.Decode(buf[:], chunk)
-		if err != nil {
+		// Padding may end only the last block: a block that ends in it
+		// decodes alone, but the whole text is not valid base64.
+		if err != nil || len(b64) > 0 && chunk[len(chunk)-1] == '=' {
 			return sum, false
 		}
 		h.Write(buf[:n])
