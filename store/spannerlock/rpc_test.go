@@ -11,6 +11,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 )
 
 // The round trips the package doc states, counted by a gRPC interceptor:
@@ -68,6 +69,17 @@ func TestRPCsPerOperation(t *testing.T) {
 		t.Fatal(err)
 	}
 	want("PurgeExpired with nothing expired", read)
+	p, pr := newBackend(t, "", spannerlock.WithTTL(time.Millisecond))
+	if _, err := p.Claim(ctx, "old", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	pr.take()
+	if n, err := p.PurgeExpired(ctx, 0); n != 1 || err != nil {
+		t.Fatalf("PurgeExpired of one expired row: %d %v", n, err)
+	}
+	r = pr
+	want("PurgeExpired of one expired row", read, read, "StreamingRead", "Commit")
 	t.Logf("per fresh delivery: 4 RPCs (Claim %s+Commit, Complete %s+Commit)", read, dml)
 }
 

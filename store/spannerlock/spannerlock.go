@@ -61,8 +61,9 @@
 //     one DML statement guarded by key, fence, token and state, with THEN
 //     RETURN where the call needs the row; Commit).
 //   - PurgeExpired: 1 RPC (a single-use read-only query for expired keys)
-//     plus, when it found some, 2 (a DML delete that checks expires_at
-//     again; Commit).
+//     plus, when it found some, 3 per batch of up to 1,000 (a query for
+//     CURRENT_TIMESTAMP() that begins the transaction, a read of those
+//     rows by key, a Commit deleting those still expired).
 //
 // Contention adds round trips: Spanner aborts one of two transactions that
 // touch the same row, and the client runs the loser again.
