@@ -4,8 +4,8 @@
 // with the ratio of their deliveries per second. `make bench` runs it.
 //
 // A benchmark is named <Top>/<group...>/<kind>/workers=<n> (workers=1 when
-// the last element is not workers=...). Kinds named lock, wrapped or
-// wrapped_duplicate are what is measured; every other kind in the same
+// the last element is not workers=...). Kinds named lock, or wrapped and
+// wrapped_<variant>, are what is measured; every other kind in the same
 // group and worker count is a baseline. With -count above 1 the ratio is
 // the median of the rounds' ratios (each round runs both sides back to
 // back), and the range of the rounds follows it.
@@ -233,10 +233,11 @@ func split(name string) (group, kind string, workers int) {
 	return strings.Join(parts[:len(parts)-1], "/"), parts[len(parts)-1], workers
 }
 
-// measured reports whether kind is what a group measures rather than a
-// baseline.
+// measured reports whether kind is what a group measures (lock, or
+// wrapped and its variants: wrapped_duplicate, wrapped_no_fingerprint, ...)
+// rather than a baseline.
 func measured(kind string) bool {
-	return kind == "lock" || kind == "wrapped" || kind == "wrapped_duplicate"
+	return kind == "lock" || strings.HasPrefix(kind, "wrapped")
 }
 
 // A row is one line of the table: a measured kind beside one baseline, or

@@ -50,6 +50,12 @@ func TestParseLine(t *testing.T) {
 	if g, k, w := split("BenchmarkDelivery/in-process/wrapped"); g != "BenchmarkDelivery/in-process" || k != "wrapped" || w != 1 {
 		t.Fatalf("split = %q %q %d", g, k, w)
 	}
+	for kind, want := range map[string]bool{"lock": true, "wrapped": true, "wrapped_duplicate": true, "wrapped_no_fingerprint": true,
+		"unwrapped": false, "store-calls": false, "baseline-2-writes": false, "naive-2-transactions": false} {
+		if measured(kind) != want {
+			t.Errorf("measured(%q) = %v, want %v", kind, !want, want)
+		}
+	}
 	for _, line := range []string{"BenchmarkDelivery/lock/workers=1", "--- SKIP: BenchmarkDelivery", "PASS", "BenchmarkX 10 abc ns/op"} {
 		if _, ok := parseLine(line); ok {
 			t.Errorf("parseLine(%q) took a header for a result", line)
