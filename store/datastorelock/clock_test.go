@@ -174,3 +174,48 @@ func TestLeaseNeverEndsBeforeItsReportedExpirySubMicrosecondLeases(t *testing.T)
 		}
 	}
 }
+
+// When the server's clock jumps while a request is in flight (as the
+// suite's driven clock does), that reply bounds the server's time only
+// loosely: its upper bound runs ahead by the jump. A write must not base
+// its instants on such an estimate (the Done record would carry a ttl
+// from an instant after the call, visible to others before then): it
+// reads first, and completes from the read's time.
+func TestServerClockAWideEstimateIsReadPastNotWrittenFrom(t *testing.T) {
+	testsvc.Datastore(t)
+	ctx := t.Context()
+	server := newClock()
+	const jumpBy = 5 * time.Minute
+	var jump atomic.Bool
+	stamp := func() time.Time {
+		if jump.CompareAndSwap(true, false) {
+			server.Advance(jumpBy) // after the request was sent, before the server stamps it
+		}
+		return server.Now()
+	}
+	coll := namespace()
+	a, _ := newBackendVia(t, link{server: stamp}, datastorelock.WithNamespace(coll), datastorelock.WithTTL(scTTL), datastorelock.WithClock(server.Now))
+	other, _ := newBackendVia(t, link{server: stamp}, datastorelock.WithNamespace(coll), datastorelock.WithTTL(scTTL), datastorelock.WithClock(server.Now))
+	held, err := a.Claim(ctx, "k", 10*time.Minute)
+	if err != nil || held.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", held.Outcome, err)
+	}
+	if r, err := other.Claim(ctx, "h", 10*time.Minute); err != nil || r.Outcome != store.Won {
+		t.Fatalf("other's claim: %v %v", r.Outcome, err)
+	}
+	server.Advance(2 * time.Minute) // a's estimate is stale
+	jump.Store(true)
+	if r, err := a.Claim(ctx, "h", time.Minute); err != nil || r.Outcome != store.HeldByOther {
+		t.Fatalf("claim of the other's key: %v %v", r.Outcome, err)
+	}
+	// a's only recent server time came from a request across the jump.
+	ok, err := a.Complete(ctx, held.Claim)
+	if !ok || err != nil {
+		t.Fatalf("complete after a wide estimate: %v %v; want true", ok, err)
+	}
+	want := server.Now().Add(scTTL)
+	if d, err := other.Claim(ctx, "k", time.Minute); err != nil || d.Outcome != store.AlreadyDone || !d.Until.Equal(want) {
+		t.Fatalf("claim of the completed key: %v until %v, %v; want already done until %v (a ttl from the server's now)",
+			d.Outcome, d.Until, err, want)
+	}
+}

@@ -44,6 +44,8 @@
 //	lease_expiry  timestamp  when the holder's lease ends not indexed
 //	expires_at    timestamp  when the record may go       indexed (PurgeExpired, TTL policy)
 //	token         string     the winning Claim's token    not indexed
+//	fingerprint   string     the payload fingerprint      not indexed, only on a Done record
+//	                         CompleteFingerprint stored   that has one
 //
 // A TTL policy on expires_at lets Datastore delete expired records by
 // itself (within a day after expires_at, never before):
@@ -74,7 +76,9 @@
 //     elapsed on this process's monotonic clock since the request that
 //     brought it was sent, the least such bound of the last minute (it runs
 //     ahead by the one-way latency of the fastest recent request, a
-//     millisecond or so). When the commit's own timestamp shows that the
+//     millisecond or so). When the two bounds lie more than 100ms apart
+//     (every recent reply was slow), the call reads first and bases its
+//     write on that read instead. When the commit's own timestamp shows that the
 //     estimate ran ahead of it by more than 100ms, the call reports an
 //     unknown outcome (an error) rather than instants outside its span.
 //   - Either way a lease runs for at least its length from a server instant
@@ -135,6 +139,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
@@ -149,11 +154,7 @@ const (
 	propLease     = "lease_expiry"
 	propExpiresAt = "expires_at"
 	propToken     = "token"
-)
-
-const (
-	stateClaimed = 1
-	stateDone    = 2
+	propFP        = "fingerprint"
 )
 
 // Option configures a Backend built by [New] or [Dial].
@@ -218,13 +219,15 @@ type Backend struct {
 	closer io.Closer // the connection Dial opened; nil from New
 	md     metadata.MD
 
-	sc serverClock
+	clock *doclock.Clock
+	lk    *doclock.Lock
 }
 
 var (
-	_ store.Backend  = (*Backend)(nil)
-	_ store.Extender = (*Backend)(nil)
-	_ store.Purger   = (*Backend)(nil)
+	_ store.Backend       = (*Backend)(nil)
+	_ store.Extender      = (*Backend)(nil)
+	_ store.Purger        = (*Backend)(nil)
+	_ store.Fingerprinter = (*Backend)(nil)
 )
 
 // Errors of the constructors, for errors.Is in this package's tests.
@@ -317,7 +320,7 @@ func configure(project string, opts []Option) (*Backend, error) {
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("datastorelock: %w", err)
 	}
-	b.ttl = wholeMicros(b.ttl)
+	b.ttl = doclock.WholeMicros(b.ttl)
 	if b.kind == "" || strings.HasPrefix(b.kind, "__") {
 		return nil, fmt.Errorf("datastorelock: invalid kind %q", b.kind)
 	}
@@ -325,6 +328,8 @@ func configure(project string, opts []Option) (*Backend, error) {
 		return nil, fmt.Errorf("datastorelock: retries %d is negative", b.policy.Retries)
 	}
 	b.policy.Base, b.policy.Max = retryBase, retryMax
+	b.clock = doclock.NewClock(b.now)
+	b.lk = doclock.New("datastorelock", b.ttl, b.clock, requests{b})
 	return b, nil
 }
 
@@ -374,46 +379,44 @@ func (b *Backend) dsKey(key string) *pb.Key {
 	}
 }
 
-// record is the decoded entity.
-type record struct {
-	state      int64
-	fence      int64
-	lease, exp time.Time
-	token      string
-	version    int64
-}
-
-func (b *Backend) entity(key string, r record) *pb.Entity {
+// entity encodes record r of key. The fingerprint property is written
+// only when r has one: a record without it decodes as having none.
+func (b *Backend) entity(key string, r doclock.Record) *pb.Entity {
 	ts := func(t time.Time) *pb.Value {
 		return &pb.Value{ValueType: &pb.Value_TimestampValue{TimestampValue: timestamppb.New(t)}, ExcludeFromIndexes: true}
 	}
-	exp := ts(r.exp)
+	exp := ts(r.Exp)
 	exp.ExcludeFromIndexes = false
-	return &pb.Entity{
+	e := &pb.Entity{
 		Key: b.dsKey(key),
 		Properties: map[string]*pb.Value{
-			propState:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.state}, ExcludeFromIndexes: true},
-			propFence:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.fence}, ExcludeFromIndexes: true},
-			propLease:     ts(r.lease),
+			propState:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.State}, ExcludeFromIndexes: true},
+			propFence:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.Fence}, ExcludeFromIndexes: true},
+			propLease:     ts(r.Lease),
 			propExpiresAt: exp,
-			propToken:     {ValueType: &pb.Value_StringValue{StringValue: r.token}, ExcludeFromIndexes: true},
+			propToken:     {ValueType: &pb.Value_StringValue{StringValue: r.Token}, ExcludeFromIndexes: true},
 		},
 	}
+	if r.Fingerprint != "" {
+		e.Properties[propFP] = &pb.Value{ValueType: &pb.Value_StringValue{StringValue: r.Fingerprint}, ExcludeFromIndexes: true}
+	}
+	return e
 }
 
-func decode(res *pb.EntityResult) (record, error) {
+func decode(res *pb.EntityResult) (doclock.Record, error) {
 	p := res.GetEntity().GetProperties()
-	r := record{
-		state:   p[propState].GetIntegerValue(),
-		fence:   p[propFence].GetIntegerValue(),
-		lease:   p[propLease].GetTimestampValue().AsTime(),
-		exp:     p[propExpiresAt].GetTimestampValue().AsTime(),
-		token:   p[propToken].GetStringValue(),
-		version: res.GetVersion(),
+	r := doclock.Record{
+		State:       p[propState].GetIntegerValue(),
+		Fence:       p[propFence].GetIntegerValue(),
+		Lease:       p[propLease].GetTimestampValue().AsTime(),
+		Exp:         p[propExpiresAt].GetTimestampValue().AsTime(),
+		Token:       p[propToken].GetStringValue(),
+		Fingerprint: p[propFP].GetStringValue(),
+		Version:     res.GetVersion(),
 	}
-	if (r.state != stateClaimed && r.state != stateDone) || r.fence < 1 {
+	if (r.State != doclock.StateClaimed && r.State != doclock.StateDone) || r.Fence < 1 {
 		return r, fmt.Errorf("datastorelock: entity %v is not a record of this backend (state %d, fence %d)",
-			res.GetEntity().GetKey(), r.state, r.fence)
+			res.GetEntity().GetKey(), r.State, r.Fence)
 	}
 	return r, nil
 }

@@ -8,6 +8,8 @@ import (
 	pb "cloud.google.com/go/datastore/apiv1/datastorepb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 )
 
 // purgeBatch is how many records one PurgeExpired round reads and deletes.
@@ -23,13 +25,13 @@ const purgeBatch = 500
 func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	total := 0
 	for limit <= 0 || total < limit {
-		lo, _, ok := b.times()
+		lo, _, ok := b.clock.Times()
 		if !ok {
 			if err := b.probe(ctx); err != nil {
 				return total, fmt.Errorf("datastorelock: purge: reading the server's time: %w", err)
 			}
-			if lo, _, ok = b.times(); !ok {
-				return total, fmt.Errorf("datastorelock: purge: %w", errNoServerTime)
+			if lo, _, ok = b.clock.Times(); !ok {
+				return total, fmt.Errorf("datastorelock: purge: %w", doclock.ErrNoServerTime)
 			}
 		}
 		batch := int32(purgeBatch)
@@ -59,12 +61,8 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 			if err != nil {
 				return err
 			}
-			rt := res.GetBatch().GetReadTime()
-			b.observe(rt, sent, b.now(), true)
-			readAt = time.Time{}
-			if rt != nil && rt.IsValid() {
-				readAt = rt.AsTime()
-			}
+			readAt = tsTime(res.GetBatch().GetReadTime())
+			b.clock.Observe(readAt, sent, b.now(), true)
 			found = res.GetBatch().GetEntityResults()
 			return nil
 		})
@@ -95,7 +93,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 			if err != nil {
 				return err
 			}
-			b.observe(commitTime(res), sent, b.now(), false)
+			b.clock.Observe(tsTime(commitTime(res)), sent, b.now(), false)
 			deleted = 0
 			for _, mr := range res.MutationResults {
 				if !mr.ConflictDetected {

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 )
 
 // retry runs op until it succeeds, fails in a way a retry cannot fix, or
@@ -32,13 +34,44 @@ func retryable(err error) bool {
 	return false
 }
 
-// lookup reads the record for key; found is false when it does not exist.
-// rd.at is the instant to judge it by (see judge).
-func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, rd reading, err error) {
-	return b.lookupKey(ctx, b.dsKey(key))
+// requests are the Backend's RPCs as the shared lock asks for them.
+type requests struct{ b *Backend }
+
+// Read is a Lookup of key's entity.
+func (q requests) Read(ctx context.Context, key string) (doclock.Record, bool, doclock.Reading, error) {
+	return q.b.lookupKey(ctx, q.b.dsKey(key))
 }
 
-func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found bool, rd reading, err error) {
+// Create is a Commit of an insert: AlreadyExists when the entity exists.
+func (q requests) Create(ctx context.Context, key string, r doclock.Record) (int64, time.Time, error, error) {
+	v, _, at, lost, err := q.b.write(ctx, insert(q.b.entity(key, r)))
+	if status.Code(err) == codes.AlreadyExists {
+		err = fmt.Errorf("%w: %w", doclock.ErrExists, err)
+	}
+	return v, at, lost, err
+}
+
+// Update is a Commit of an update with base_version base: a conflict, or
+// NotFound for an entity deleted since, does not apply.
+func (q requests) Update(ctx context.Context, key string, r doclock.Record, base int64) (int64, bool, time.Time, error, error) {
+	v, applied, at, lost, err := q.b.write(ctx, update(q.b.entity(key, r), base))
+	if status.Code(err) == codes.NotFound {
+		return 0, false, at, lost, nil
+	}
+	return v, applied, at, lost, err
+}
+
+// tsTime is ts as a time, zero when ts is missing or invalid.
+func tsTime(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil || !ts.IsValid() {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+// lookupKey reads the record of entity key k; found is false when it does
+// not exist. rd is the instant to judge it by (see doclock.Clock.Judge).
+func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r doclock.Record, found bool, rd doclock.Reading, err error) {
 	err = b.retry(ctx, func() error {
 		sent := b.now()
 		res, err := b.rpc.Lookup(b.ctx(ctx), &pb.LookupRequest{
@@ -49,10 +82,9 @@ func (b *Backend) lookupKey(ctx context.Context, k *pb.Key) (r record, found boo
 		if err != nil {
 			return err
 		}
-		rd.recv = b.now()
-		b.observe(res.GetReadTime(), sent, rd.recv, true)
-		rd.exact = res.GetReadTime() != nil && res.GetReadTime().IsValid()
-		if rd.at, err = b.judge(res.GetReadTime()); err != nil {
+		recv := b.now()
+		b.clock.Observe(tsTime(res.GetReadTime()), sent, recv, true)
+		if rd, err = b.clock.Judge(tsTime(res.GetReadTime()), recv); err != nil {
 			return err
 		}
 		if len(res.Deferred) > 0 {
@@ -134,11 +166,8 @@ func (b *Backend) write(ctx context.Context, m *pb.Mutation) (version int64, app
 			}
 			return err
 		}
-		ct := commitTime(res)
-		b.observe(ct, sent, b.now(), false)
-		if ct != nil && ct.IsValid() {
-			at = ct.AsTime()
-		}
+		at = tsTime(commitTime(res))
+		b.clock.Observe(at, sent, b.now(), false)
 		if len(res.MutationResults) != 1 {
 			return fmt.Errorf("commit returned %d mutation results, want 1", len(res.MutationResults))
 		}

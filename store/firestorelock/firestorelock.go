@@ -59,6 +59,8 @@
 //	lease_expiry  timestamp  when the holder's lease ends
 //	expires_at    timestamp  when the record may go (PurgeExpired, TTL policy)
 //	token         string     the winning Claim's token
+//	fingerprint   string     the payload fingerprint that CompleteFingerprint
+//	                         stored (only on a Done record that has one)
 //
 // Only expires_at is queried (by PurgeExpired). A TTL policy on it lets
 // Firestore delete expired records by itself (typically within a day
@@ -72,7 +74,7 @@
 //
 //	gcloud firestore indexes fields update state --collection-group=idempotency_keys --disable-indexes
 //
-// (and likewise for fence, lease_expiry and token).
+// (and likewise for fence, lease_expiry, token and fingerprint).
 //
 // # Clock
 //
@@ -95,6 +97,9 @@
 //     that brought it was sent, the least such bound of the last minute (it
 //     runs ahead of the server's time by the one-way latency of the fastest
 //     recent request, a millisecond or so, more on a loaded network).
+//     When the two bounds lie more than 100ms apart (every recent reply
+//     was slow), the call reads first and bases its write on that read
+//     instead.
 //     When the commit_time shows that the estimate ran ahead of it by more
 //     than 100ms, the call reports an unknown outcome (an error) rather
 //     than instants outside its span.
@@ -148,6 +153,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
@@ -165,11 +171,7 @@ const (
 	fieldLease     = "lease_expiry"
 	fieldExpiresAt = "expires_at"
 	fieldToken     = "token"
-)
-
-const (
-	stateClaimed = 1
-	stateDone    = 2
+	fieldFP        = "fingerprint"
 )
 
 // Option configures a Backend built by [New] or [Dial].
@@ -235,13 +237,15 @@ type Backend struct {
 	db     string // projects/P/databases/D
 	docs   string // db + "/documents/" + collection + "/"
 
-	sc serverClock
+	clock *doclock.Clock
+	lk    *doclock.Lock
 }
 
 var (
-	_ store.Backend  = (*Backend)(nil)
-	_ store.Extender = (*Backend)(nil)
-	_ store.Purger   = (*Backend)(nil)
+	_ store.Backend       = (*Backend)(nil)
+	_ store.Extender      = (*Backend)(nil)
+	_ store.Purger        = (*Backend)(nil)
+	_ store.Fingerprinter = (*Backend)(nil)
 )
 
 // Errors of the constructors, for errors.Is in this package's tests.
@@ -335,7 +339,7 @@ func configure(project string, opts []Option) (*Backend, error) {
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("firestorelock: %w", err)
 	}
-	b.ttl = wholeMicros(b.ttl)
+	b.ttl = doclock.WholeMicros(b.ttl)
 	if c := b.collection; c == "" || strings.Contains(c, "/") || c == "." || c == ".." ||
 		(strings.HasPrefix(c, "__") && strings.HasSuffix(c, "__")) || len(c) > 1500 {
 		return nil, fmt.Errorf("firestorelock: invalid collection ID %q", c)
@@ -347,6 +351,8 @@ func configure(project string, opts []Option) (*Backend, error) {
 		return nil, fmt.Errorf("firestorelock: retries %d is negative", b.policy.Retries)
 	}
 	b.policy.Base, b.policy.Max = retryBase, retryMax
+	b.clock = doclock.NewClock(b.now)
+	b.lk = doclock.New("firestorelock", b.ttl, b.clock, requests{b})
 	return b, nil
 }
 
@@ -391,45 +397,44 @@ func (b *Backend) ctx(ctx context.Context) context.Context {
 // docName is the resource name of key's document.
 func (b *Backend) docName(key string) string { return b.docs + Name(key) }
 
-// record is the decoded document. version is its update time (zero when
-// unknown).
-type record struct {
-	state      int64
-	fence      int64
-	lease, exp time.Time
-	token      string
-	version    time.Time
-}
-
-func (b *Backend) document(key string, r record) *pb.Document {
+// document encodes record r of key. The fingerprint field is written only
+// when r has one: a record without it decodes as having none.
+func (b *Backend) document(key string, r doclock.Record) *pb.Document {
 	ts := func(t time.Time) *pb.Value {
 		return &pb.Value{ValueType: &pb.Value_TimestampValue{TimestampValue: timestamppb.New(t)}}
 	}
-	return &pb.Document{
+	d := &pb.Document{
 		Name: b.docName(key),
 		Fields: map[string]*pb.Value{
-			fieldState:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.state}},
-			fieldFence:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.fence}},
-			fieldLease:     ts(r.lease),
-			fieldExpiresAt: ts(r.exp),
-			fieldToken:     {ValueType: &pb.Value_StringValue{StringValue: r.token}},
+			fieldState:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.State}},
+			fieldFence:     {ValueType: &pb.Value_IntegerValue{IntegerValue: r.Fence}},
+			fieldLease:     ts(r.Lease),
+			fieldExpiresAt: ts(r.Exp),
+			fieldToken:     {ValueType: &pb.Value_StringValue{StringValue: r.Token}},
 		},
 	}
+	if r.Fingerprint != "" {
+		d.Fields[fieldFP] = &pb.Value{ValueType: &pb.Value_StringValue{StringValue: r.Fingerprint}}
+	}
+	return d
 }
 
-func decode(d *pb.Document) (record, error) {
+// decode reads a document as a record; its Version is its update time
+// (see rev).
+func decode(d *pb.Document) (doclock.Record, error) {
 	f := d.GetFields()
-	r := record{
-		state:   f[fieldState].GetIntegerValue(),
-		fence:   f[fieldFence].GetIntegerValue(),
-		lease:   f[fieldLease].GetTimestampValue().AsTime(),
-		exp:     f[fieldExpiresAt].GetTimestampValue().AsTime(),
-		token:   f[fieldToken].GetStringValue(),
-		version: d.GetUpdateTime().AsTime(),
+	r := doclock.Record{
+		State:       f[fieldState].GetIntegerValue(),
+		Fence:       f[fieldFence].GetIntegerValue(),
+		Lease:       f[fieldLease].GetTimestampValue().AsTime(),
+		Exp:         f[fieldExpiresAt].GetTimestampValue().AsTime(),
+		Token:       f[fieldToken].GetStringValue(),
+		Fingerprint: f[fieldFP].GetStringValue(),
+		Version:     rev(d.GetUpdateTime().AsTime()),
 	}
-	if (r.state != stateClaimed && r.state != stateDone) || r.fence < 1 || !d.GetUpdateTime().IsValid() {
+	if (r.State != doclock.StateClaimed && r.State != doclock.StateDone) || r.Fence < 1 || !d.GetUpdateTime().IsValid() {
 		return r, fmt.Errorf("firestorelock: document %s is not a record of this backend (state %d, fence %d)",
-			d.GetName(), r.state, r.fence)
+			d.GetName(), r.State, r.Fence)
 	}
 	return r, nil
 }

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 )
 
 // purgeBatch is how many records one PurgeExpired round reads and deletes.
@@ -29,13 +31,13 @@ const purgeBatch = 500
 func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	total := 0
 	for limit <= 0 || total < limit {
-		lo, _, ok := b.times()
+		lo, _, ok := b.clock.Times()
 		if !ok {
 			if err := b.probe(ctx); err != nil {
 				return total, fmt.Errorf("firestorelock: purge: reading the server's time: %w", err)
 			}
-			if lo, _, ok = b.times(); !ok {
-				return total, fmt.Errorf("firestorelock: purge: %w", errNoServerTime)
+			if lo, _, ok = b.clock.Times(); !ok {
+				return total, fmt.Errorf("firestorelock: purge: %w", doclock.ErrNoServerTime)
 			}
 		}
 		batch := int32(purgeBatch)
@@ -104,10 +106,10 @@ func (b *Backend) expiredDocs(ctx context.Context, lo time.Time, limit int32) (d
 			if err != nil {
 				return err
 			}
-			if rt := m.GetReadTime(); rt != nil && rt.IsValid() {
-				b.observe(rt, sent, b.now(), true)
-				if readAt.IsZero() || rt.AsTime().Before(readAt) {
-					readAt = rt.AsTime()
+			if rt := tsTime(m.GetReadTime()); !rt.IsZero() {
+				b.clock.Observe(rt, sent, b.now(), true)
+				if readAt.IsZero() || rt.Before(readAt) {
+					readAt = rt
 				}
 			}
 			if d := m.GetDocument(); d != nil {
@@ -130,7 +132,7 @@ func (b *Backend) deleteAll(ctx context.Context, writes []*pb.Write) (int, error
 			res, err := b.rpc.Commit(b.ctx(ctx), &pb.CommitRequest{Database: b.db, Writes: ws})
 			switch status.Code(err) {
 			case codes.OK:
-				b.observe(res.GetCommitTime(), sent, b.now(), false)
+				b.clock.Observe(tsTime(res.GetCommitTime()), sent, b.now(), false)
 				applied = true
 				return nil
 			case codes.FailedPrecondition, codes.NotFound:

@@ -2,7 +2,6 @@ package firestorelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -11,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 )
 
 // retry runs op until it succeeds, fails in a way a retry cannot fix, or
@@ -34,15 +35,37 @@ func retryable(err error) bool {
 	return false
 }
 
-// lookup reads the record for key; found is false when it does not exist.
-// rd.at is the instant to judge it by (see judge).
-func (b *Backend) lookup(ctx context.Context, key string) (r record, found bool, rd reading, err error) {
-	return b.lookupName(ctx, b.docName(key))
+// requests are the Backend's RPCs as the shared lock asks for them.
+type requests struct{ b *Backend }
+
+// Read reads key's document.
+func (q requests) Read(ctx context.Context, key string) (doclock.Record, bool, doclock.Reading, error) {
+	return q.b.lookupName(ctx, q.b.docName(key))
+}
+
+// Create is a Commit of a write preconditioned on exists=false.
+func (q requests) Create(ctx context.Context, key string, r doclock.Record) (int64, time.Time, error, error) {
+	v, _, at, lost, err := q.b.write(ctx, create(q.b.document(key, r)))
+	return rev(v), at, lost, err
+}
+
+// Update is a Commit of a write preconditioned on the update time base.
+func (q requests) Update(ctx context.Context, key string, r doclock.Record, base int64) (int64, bool, time.Time, error, error) {
+	v, applied, at, lost, err := q.b.write(ctx, update(q.b.document(key, r), unrev(base)))
+	return rev(v), applied, at, lost, err
+}
+
+// tsTime is ts as a time, zero when ts is missing or invalid.
+func tsTime(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil || !ts.IsValid() {
+		return time.Time{}
+	}
+	return ts.AsTime()
 }
 
 // lookupName reads the document name with one BatchGetDocuments call,
 // whose reply carries the read_time the record is judged by.
-func (b *Backend) lookupName(ctx context.Context, name string) (r record, found bool, rd reading, err error) {
+func (b *Backend) lookupName(ctx context.Context, name string) (r doclock.Record, found bool, rd doclock.Reading, err error) {
 	err = b.retry(ctx, func() error {
 		sent := b.now()
 		cctx, cancel := context.WithCancel(b.ctx(ctx))
@@ -65,10 +88,9 @@ func (b *Backend) lookupName(ctx context.Context, name string) (r record, found 
 			}
 			res = m
 		}
-		rd.recv = b.now()
-		b.observe(res.GetReadTime(), sent, rd.recv, true)
-		rd.exact = res.GetReadTime() != nil && res.GetReadTime().IsValid()
-		if rd.at, err = b.judge(res.GetReadTime()); err != nil {
+		recv := b.now()
+		b.clock.Observe(tsTime(res.GetReadTime()), sent, recv, true)
+		if rd, err = b.clock.Judge(tsTime(res.GetReadTime()), recv); err != nil {
 			return err
 		}
 		doc := res.GetFound()
@@ -104,16 +126,12 @@ func mayHaveApplied(err error) bool {
 	return true
 }
 
-// errAlreadyExists is what write returns for a create whose document
-// exists.
-var errAlreadyExists = errors.New("firestorelock: the document exists")
-
 // write commits one write outside any transaction and returns the
 // document's new update time and the commit's server time (zero when the
 // reply carries none); applied is false when the write's precondition
 // failed (FailedPrecondition: the document changed or is gone; NotFound).
 // A create of an existing document returns an error wrapping
-// errAlreadyExists and the service's error. lost is the error of the
+// doclock.ErrExists and the service's error. lost is the error of the
 // latest attempt that failed in a way that leaves open whether the server
 // applied it: then the write may have applied even when err is set or
 // applied is false (a retry finds its own write).
@@ -127,18 +145,15 @@ func (b *Backend) write(ctx context.Context, w *pb.Write) (version time.Time, ap
 			applied = false
 			return nil
 		case codes.AlreadyExists:
-			return fmt.Errorf("%w: %w", errAlreadyExists, err)
+			return fmt.Errorf("%w: %w", doclock.ErrExists, err)
 		default:
 			if mayHaveApplied(err) {
 				lost = err
 			}
 			return err
 		}
-		ct := res.GetCommitTime()
-		b.observe(ct, sent, b.now(), false)
-		if ct != nil && ct.IsValid() {
-			at = ct.AsTime()
-		}
+		at = tsTime(res.GetCommitTime())
+		b.clock.Observe(at, sent, b.now(), false)
 		if len(res.WriteResults) != 1 || !res.WriteResults[0].GetUpdateTime().IsValid() {
 			return fmt.Errorf("firestorelock: commit returned %d write results without an update time, want 1", len(res.WriteResults))
 		}
