@@ -29,6 +29,24 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// The suite again, with the server's clock driven while the backend's own
+// clock is hours off it.
+func TestContractServerClock(t *testing.T) {
+	testsvc.Firestore(t)
+	for _, c := range []struct {
+		name string
+		off  time.Duration
+	}{{"client_ahead", skew}, {"client_behind", -skew}} {
+		t.Run(c.name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) storetest.Harness {
+				server := newClock()
+				b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))
+				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: 1000}
+			})
+		})
+	}
+}
+
 // New takes the connection and project as given: it refuses a nil
 // connection, an empty project (it reads none from the environment), an
 // invalid option, and WithClientOptions (it does not dial).
