@@ -40,6 +40,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 		}
 		var (
 			found  []*pb.EntityResult
+			last   bool // the query has no results past this batch
 			readAt time.Time
 		)
 		err := b.retry(ctx, func() error {
@@ -64,6 +65,7 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 			readAt = tsTime(res.GetBatch().GetReadTime())
 			b.clock.Observe(readAt, sent, b.now(), true)
 			found = res.GetBatch().GetEntityResults()
+			last = res.GetBatch().GetMoreResults() == pb.QueryResultBatch_NO_MORE_RESULTS
 			return nil
 		})
 		if err != nil {
@@ -106,7 +108,10 @@ func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
 			return total, fmt.Errorf("datastorelock: purge delete: %w", err)
 		}
 		total += deleted
-		if len(found) < int(batch) || deleted == 0 {
+		// The service may return fewer results than the limit with more
+		// to come (the emulator stops at 300): only a batch that says it
+		// is the last, or that deleted nothing, ends the purge.
+		if last || deleted == 0 {
 			return total, nil
 		}
 	}
