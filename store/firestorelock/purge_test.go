@@ -6,6 +6,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
 )
 
 // PurgeExpired deletes by the server's clock: a purger whose clock runs
@@ -42,5 +43,19 @@ func TestServerClockPurgesNothingEarly(t *testing.T) {
 				t.Fatalf("lapsed claimed key: %v fence %d, want won with fence 2 (kept, not purged)", r.Outcome, r.Claim.Fence)
 			}
 		})
+	}
+}
+
+// PurgeExpired removes every expired record, in batches of 500.
+func TestPurgeExpiredRemovesEveryExpiredRecord(t *testing.T) {
+	testsvc.Firestore(t)
+	ns := collection()
+	b, _ := newBackend(t, firestorelock.WithCollection(ns))
+	seedExpired(t, ns, 700)
+	if n, err := b.PurgeExpired(t.Context(), 0); n != 700 || err != nil {
+		t.Fatalf("purge: %d deleted, %v; want 700", n, err)
+	}
+	if n, err := b.PurgeExpired(t.Context(), 0); n != 0 || err != nil {
+		t.Fatalf("second purge: %d deleted, %v; want 0", n, err)
 	}
 }
