@@ -153,8 +153,13 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 //     come back and the work run again.
 //
 // A claim error is returned wrapped. fn receives a context carrying the
-// claim (see [ClaimFrom]). Complete and Release run on a context that ignores
-// ctx's cancellation, bounded by the settle timeout.
+// claim (see [ClaimFrom]): ctx itself, with its values, deadline and
+// cancellation, plus, under [WithHeartbeat], a cancellation when the claim
+// is lost. Lock does not wait for work that fn starts and leaves running,
+// and without a heartbeat it does not cancel fn's context when fn returns:
+// such work runs outside the claim (beside the next holder of the key), so
+// wait for it before returning. Complete and Release run on a context that
+// ignores ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
 	_, err := run(ctx, b, key, cfg.fingerprint, fn, &cfg, false)
@@ -172,6 +177,9 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 //     for the settle timeout is logged, not returned: the lease lapses by
 //     itself.
 //   - fn panics: the claim is released and the panic continues.
+//
+// fn's context is as for [Lock]: work that fn leaves running when it
+// returns is no longer excluded.
 //
 // Mutex excludes; it does not order. Calls that find the key busy must try
 // again later, and may then run in any order.
