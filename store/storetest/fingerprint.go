@@ -275,12 +275,14 @@ func fpLost(t *testing.T, e *env) {
 	k := e.key()
 	c := e.won(k, e.long())
 	faults.LoseNextReply()
+	before := e.h.Now() // for expect's real-time guard, as in lostComplete
 	ok, err := f.CompleteFingerprint(e.ctx, c, "lost")
 	t.Logf("CompleteFingerprint with a lost reply: %v, %v", ok, err)
 	if err == nil {
 		if !ok {
 			t.Fatalf("CompleteFingerprint of the current claim answered false after a lost reply")
 		}
+		e.done[k] = completion{c.Fence, before}
 		e.doneWith(k, "lost")
 	}
 	e.retries("retried CompleteFingerprint", func() error {
@@ -290,5 +292,8 @@ func fpLost(t *testing.T, e *env) {
 		}
 		return err
 	})
+	if _, seen := e.done[k]; !seen {
+		e.done[k] = completion{c.Fence, before}
+	}
 	e.doneWith(k, "lost")
 }
