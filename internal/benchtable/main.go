@@ -51,7 +51,7 @@ type suite struct {
 // ones it shows (one name element per level: the SQL engines add one).
 var suites = []suite{
 	{"wrapper (fake.Store)", mod, "^BenchmarkDelivery$|^BenchmarkLock$/.*/.*/^workers=WORKERS$"},
-	{"Redis", mod + "/store/redislock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
+	{"Redis", mod + "/store/redislock/internal/benchtest", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
 	{"SQL", mod + "/store/sqllock/internal/enginetest", "^BenchmarkDelivery$/.*/.*/^workers=WORKERS$"},
 	{"Datastore", mod + "/store/datastorelock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
 	{"Firestore", mod + "/store/firestorelock", "^BenchmarkDelivery$/.*/^workers=WORKERS$"},
