@@ -270,7 +270,8 @@ func (s *Store) claim(key string, lease time.Duration) store.Result {
 	s.tokens++
 	r.State = store.Claimed
 	r.Fence++
-	r.Token = "fake-" + strconv.FormatInt(s.tokens, 10)
+	var buf [32]byte // one allocation for the token, not two
+	r.Token = string(strconv.AppendInt(append(buf[:0], "fake-"...), s.tokens, 10))
 	r.LeaseExpiry = now.Add(lease)
 	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
 	r.Fingerprint = ""
