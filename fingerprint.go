@@ -241,6 +241,7 @@ func scanMessageData(data []byte) (b64 []byte, ok bool) {
 		return nil, false
 	}
 	message := false // message is a non-nil object
+	datas := 0       // data keys seen: past one, encoding/json decides
 	if !s.object(func(key []byte, plain bool) bool {
 		if !plain {
 			return false
@@ -264,6 +265,12 @@ func scanMessageData(data []byte) (b64 []byte, ok bool) {
 				}
 				if !foldEqual(key, "data") {
 					return s.value(2)
+				}
+				// A repeated data key: encoding/json keeps the last value but
+				// fails the whole decode on an invalid earlier one (base64),
+				// so it answers.
+				if datas++; datas > 1 {
+					return false
 				}
 				switch s.peek() {
 				case 'n':
