@@ -52,6 +52,7 @@ func NewTx[Tx any](s *Store, begin func(ctx context.Context) (Tx, error), commit
 //   - c is no longer current (replaced, released or completed): rolled
 //     back; false, nil.
 //   - commit fails: an error wrapping commit's; nothing is marked.
+//   - body panics: the transaction is rolled back and the panic goes on.
 //
 // Faults: [Store.FailNext] with [OpCompleteTx] fails the call before the
 // transaction begins. [Store.LoseNextReply] or [Store.CutConnections]
@@ -80,7 +81,15 @@ func (t *TxStore[Tx]) CompleteTx(ctx context.Context, c store.Claim, fp string, 
 	if err != nil {
 		return false, fmt.Errorf("fake: CompleteTx %q: begin: %w", c.Key, err)
 	}
-	if err := body(ctx, tx); err != nil {
+	finished := false
+	defer func() {
+		if !finished { // the body panicked: roll back, let the panic go on
+			t.rollback(tx)
+		}
+	}()
+	err = body(ctx, tx)
+	finished = true
+	if err != nil {
 		return false, errors.Join(fmt.Errorf("fake: CompleteTx %q: the body failed: %w", c.Key, err), t.abort(tx))
 	}
 	if err := ctx.Err(); err != nil {
