@@ -214,7 +214,7 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 	return true, false, nil
 }
 
-// settle decides a commit whose reply was lost (cause): it fences the
+// settle decides a commit that failed with cause, which may have landed: it fences the
 // commit out by releasing c if its record is still Claimed by c, then
 // reads the record.
 func (b *Backend) settle(ctx context.Context, c store.Claim, k []byte, cause error) (bool, error) {
@@ -231,18 +231,18 @@ func (b *Backend) settle(ctx context.Context, c store.Claim, k []byte, cause err
 		})
 	}
 	if err != nil {
-		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit's reply was lost (%w), and settling it failed: %w: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown, err)
+		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit's outcome is unknown (%w), and settling it failed: %w: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown, err)
 	}
 	switch {
 	case found && r.state == 2 && r.fence == c.Fence && r.token == c.Token:
 		return true, nil
 	case found && r.token == c.Token:
-		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit's reply was lost, and it did not land (the claim is released): %w", c.Key, c.Fence, cause)
+		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit failed (%w); it did not land, and the claim is released", c.Key, c.Fence, cause)
 	}
 	// Another claim holds the record, or it is gone: the commit may have
 	// landed and the record then outlived its ttl (unlikely within the
 	// settle), or c's lease lapsed and another caller took the key.
-	return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit's reply was lost (%w), and the record has moved on to another claim since: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown)
+	return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit's outcome is unknown (%w), and the record has moved on to another claim since: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown)
 }
 
 // errCommitRefused marks a failed commit that is not retried.
