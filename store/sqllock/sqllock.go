@@ -14,6 +14,9 @@
 //	SQLite      1 / 2 / 1                         1          1
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
+// CompleteTx adds, to the body's own statements, a begin, one UPDATE and
+// the commit on every engine.
+//
 // The table (see Schema for the exact DDL of each dialect):
 //
 //	idem_key         the key, as bytes (BYTEA / VARBINARY(1024) / BLOB), primary key
