@@ -90,7 +90,9 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 		if !write {
 			return changed{rec: cur, found: true}, nil
 		}
+		t0 := l.clock.Now()
 		v, applied, at, lostNow, err := l.st.Update(ctx, c.Key, next, cur.Version)
+		rtt := l.clock.Now().Sub(t0)
 		if lostNow != nil {
 			pending, lost, sent = later(pending, takeable(next)), lostNow, append(sent, next)
 		}
@@ -103,10 +105,11 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 					"that ran ahead of the commit at %v", now, at)
 			}
 			next.Version = v
-			if ranBehind(now, at) {
-				// Written from a time well before the commit: its lease
-				// or ttl ends early. Write it again from the commit's
-				// time; should that fail, the write stands as it is.
+			if ranBehind(now, at, rtt) {
+				// Written from a time before the call began (by the
+				// server's clock): its lease or ttl ends early. Write it
+				// again from the commit's time; should that fail, the
+				// write stands as it is.
 				if fixed, write := f(cur, at); write {
 					if v2, ok, _, _, err := l.st.Update(ctx, c.Key, fixed, v); err == nil && ok {
 						fixed.Version = v2
