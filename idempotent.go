@@ -166,6 +166,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 			"event_id", e.ID(), "event_type", e.Type())
 		return c.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
 	}
+	found := key
 	key = c.storedKey(key)
 	if err := store.ValidateKey(key); err != nil {
 		// A custom KeyFunc's NUL byte, or a key that the prefix pushes past
@@ -180,7 +181,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	if err != nil {
 		return refused(err)
 	}
-	ran, err := run(ctx, b, key, fp, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
+	ran, err := run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}
