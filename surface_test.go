@@ -1,0 +1,50 @@
+package idempotency_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+)
+
+// A 409's body says what happened (a payload mismatch) but carries no
+// fingerprint: on main it returned the stored, unsalted SHA-256 of the
+// payload that completed the key, an oracle on an endpoint without push
+// auth. The fingerprints stay in the server's ERROR line. Through the
+// real functions framework and through PushHandler.
+func TestPayloadMismatchBodyCarriesNoFingerprint(t *testing.T) {
+	s, _ := newStore(t)
+	h := &counting{}
+	l, logger := newLogs()
+	opts := []idempotency.Option{idempotency.WithLogger(logger), idempotency.WithKey(idempotency.Attribute("po_id")), idempotency.WithKeyPrefix("orders:")}
+	serve(t, idempotency.Idempotent(s, opts...)(h.handle))
+	if code, body := post(t, "eventarc_binary"); code != http.StatusOK {
+		t.Fatalf("first delivery: %d %s", code, body)
+	}
+	stored := fixtureFP()
+	hexPart := stored[strings.LastIndexByte(stored, ':')+1:]
+	srv := httptest.NewServer(idempotency.PushHandler(s, h.handle, opts...))
+	defer srv.Close()
+	for _, base := range []string{serverURL, srv.URL} {
+		for _, name := range []string{"changed_payload", "changed_payload_raw"} {
+			code, body := postTo(t, base, name)
+			if code != http.StatusConflict || !strings.Contains(body, "payload mismatch") {
+				t.Fatalf("%s: %d %q, want a 409 that says payload mismatch", name, code, body)
+			}
+			if strings.Contains(body, hexPart) || strings.Contains(body, idempotency.DataFingerprintScheme) {
+				t.Errorf("%s: the body %q carries a fingerprint", name, body)
+			}
+		}
+	}
+	logged := l.find(t, "ERROR", "different payload")
+	if len(logged) != 4 {
+		t.Fatalf("%d ERROR lines, want one per mismatch (4)", len(logged))
+	}
+	for _, r := range logged {
+		if r["stored_fingerprint"] != stored || r["delivered_fingerprint"] == nil {
+			t.Errorf("the ERROR line %v lacks the fingerprints", r)
+		}
+	}
+}
