@@ -109,9 +109,21 @@ func disabled() bool {
 // DisableEnv is set then: a delivery that finds it unset later is refused
 // with a 500, a nack), a non-positive lease or settle timeout, a heartbeat
 // not shorter than the lease, a negative [WithLeaseFromDeadline] margin, a
-// nil [KeyFunc], or a prefix that breaks the [WithKeyPrefix] rule: these
+// nil [KeyFunc], a prefix that breaks the [WithKeyPrefix] rule, or
+// [WithPushAuth] (an option of PushHandler only: behind the functions
+// framework there is no request to verify, and ignoring it would leave
+// unauthenticated an endpoint its author meant to authenticate): these
 // are mistakes in the program, found at start-up.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
+	if newPushConfig(opts).authSet {
+		panic("idempotency.Idempotent: WithPushAuth is an option of PushHandler only; a function behind the functions framework is authenticated by Cloud Run (deploy it with authentication required: see docs/deploy.md)")
+	}
+	return idempotent(b, opts)
+}
+
+// idempotent is Idempotent without the refusal of PushHandler's options,
+// for PushHandler.
+func idempotent(b store.Backend, opts []Option) func(CloudEventFunc) CloudEventFunc {
 	cfg := newConfig(opts)
 	if b == nil && !disabled() {
 		panic("idempotency.Idempotent: nil backend")

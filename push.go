@@ -166,9 +166,10 @@ func WithUnwrappedPush(attributes ...string) Option {
 // subscription's requests (its audience, issuer and service account); it
 // is a module of its own so that this one does not depend on Google's API
 // client. verify must be safe for concurrent use. PushHandler panics on a
-// nil verify. [Idempotent] ignores this option: a function behind the
-// functions framework is authenticated by Cloud Run itself (deploy it
-// with authentication required; see docs/deploy.md).
+// nil verify. [Idempotent] panics on this option, rather than run
+// unauthenticated an endpoint meant to be authenticated: a function
+// behind the functions framework is authenticated by Cloud Run itself
+// (deploy it with authentication required; see docs/deploy.md).
 func WithPushAuth(verify func(r *http.Request) error) Option {
 	return pushOption(func(pc *pushConfig) {
 		pc.auth = verify
@@ -236,7 +237,7 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 	if err := pc.validate(); err != nil {
 		panic("idempotency.PushHandler: " + err.Error())
 	}
-	guarded := Idempotent(b, opts...)(h)
+	guarded := idempotent(b, opts)(h)
 	log := cfg.lock.log()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -1,6 +1,7 @@
 package idempotency_test
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -46,5 +47,28 @@ func TestPayloadMismatchBodyCarriesNoFingerprint(t *testing.T) {
 		if r["stored_fingerprint"] != stored || r["delivered_fingerprint"] == nil {
 			t.Errorf("the ERROR line %v lacks the fingerprints", r)
 		}
+	}
+}
+
+// WithPushAuth is read by PushHandler only: given to Idempotent, it was
+// ignored without a word, and an endpoint its author meant to
+// authenticate took every request. Idempotent now panics when it is
+// called with it, as on its other mistakes in the program; PushHandler
+// still takes it.
+func TestIdempotentRefusesWithPushAuth(t *testing.T) {
+	s, _ := newStore(t)
+	deny := func(*http.Request) error { return errors.New("no") }
+	func() {
+		defer func() {
+			msg, _ := recover().(string)
+			if !strings.HasPrefix(msg, "idempotency.Idempotent: ") || !strings.Contains(msg, "WithPushAuth") || !strings.Contains(msg, "PushHandler") {
+				t.Fatalf("Idempotent with WithPushAuth: panic %q, want a refusal that names WithPushAuth and PushHandler", msg)
+			}
+		}()
+		idempotency.Idempotent(s, idempotency.WithPushAuth(deny))
+	}()
+	h := &counting{}
+	if code := send(t, idempotency.PushHandler(s, h.handle, idempotency.WithPushAuth(deny), idempotency.WithLogger(newDiscard())), `{"message":{"messageId":"m-1"}}`, nil); code != http.StatusUnauthorized || h.runs() != 0 {
+		t.Fatalf("PushHandler with a refusing verifier: HTTP %d, %d runs", code, h.runs())
 	}
 }
