@@ -107,8 +107,10 @@ func disabled() bool {
 //
 // Idempotent panics, when it is called, on a nil backend (unless
 // DisableEnv is set then: a delivery that finds it unset later is refused
-// with a 500, a nack), a non-positive lease or settle timeout, a heartbeat
-// not shorter than the lease, a negative [WithLeaseFromDeadline] margin, a
+// with a 500, a nack), a lease, settle timeout or heartbeat below its
+// floor ([MinLease], [MinSettleTimeout], [MinHeartbeat]; zero and
+// negative included), a heartbeat not shorter than the lease, a negative
+// [WithLeaseFromDeadline] margin, a
 // nil [KeyFunc], a prefix that breaks the [WithKeyPrefix] rule, or
 // [WithPushAuth] (an option of PushHandler only: behind the functions
 // framework there is no request to verify, and ignoring it would leave

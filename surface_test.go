@@ -1,13 +1,17 @@
 package idempotency_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // A 409's body says what happened (a payload mismatch) but carries no
@@ -70,5 +74,60 @@ func TestIdempotentRefusesWithPushAuth(t *testing.T) {
 	h := &counting{}
 	if code := send(t, idempotency.PushHandler(s, h.handle, idempotency.WithPushAuth(deny), idempotency.WithLogger(newDiscard())), `{"message":{"messageId":"m-1"}}`, nil); code != http.StatusUnauthorized || h.runs() != 0 {
 		t.Fatalf("PushHandler with a refusing verifier: HTTP %d, %d runs", code, h.runs())
+	}
+}
+
+// Durations that cannot work are refused when the call is made, as zero
+// and negative ones are: on main, WithHeartbeat(1ns) renewed the lease
+// about a million times a second, and WithSettleTimeout(1ns) left no time
+// for Complete, so Lock returned nil with the key still claimed and the
+// next delivery ran the work again. Each option's floor is accepted.
+func TestDurationsBelowTheirFloorAreRefused(t *testing.T) {
+	noop := func(context.Context) error { return nil }
+	for _, c := range []struct {
+		name string
+		opts []idempotency.LockOption
+		bad  bool
+	}{
+		{"heartbeat 1ns", []idempotency.LockOption{idempotency.WithHeartbeat(time.Nanosecond)}, true},
+		{"heartbeat below the floor", []idempotency.LockOption{idempotency.WithHeartbeat(idempotency.MinHeartbeat - 1)}, true},
+		{"heartbeat at the floor", []idempotency.LockOption{idempotency.WithHeartbeat(idempotency.MinHeartbeat)}, false},
+		{"settle timeout 1ns", []idempotency.LockOption{idempotency.WithSettleTimeout(time.Nanosecond)}, true},
+		{"settle timeout below the floor", []idempotency.LockOption{idempotency.WithSettleTimeout(idempotency.MinSettleTimeout - 1)}, true},
+		{"settle timeout at the floor", []idempotency.LockOption{idempotency.WithSettleTimeout(idempotency.MinSettleTimeout)}, false},
+		{"lease 1ns", []idempotency.LockOption{idempotency.WithLease(time.Nanosecond)}, true},
+		{"lease below the floor", []idempotency.LockOption{idempotency.WithLease(idempotency.MinLease - 1)}, true},
+		{"lease at the floor", []idempotency.LockOption{idempotency.WithLease(idempotency.MinLease)}, false},
+		{"lease from deadline, settle timeout 1ns", []idempotency.LockOption{idempotency.WithLeaseFromDeadline(0), idempotency.WithSettleTimeout(time.Nanosecond)}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := fake.New()
+			err := idempotency.Lock(t.Context(), s, "k", noop, c.opts...)
+			rec, _ := s.Record("k")
+			switch {
+			case c.bad && err == nil:
+				t.Fatalf("Lock accepted it (record %+v)", rec)
+			case c.bad && s.Len() != 0:
+				t.Fatalf("Lock refused it (%v) after claiming: record %+v", err, rec)
+			case !c.bad && (err != nil || rec.State != store.Done):
+				t.Fatalf("Lock: %v, record %+v; want the key done", err, rec)
+			}
+			if c.bad && strings.Contains(c.name, "lease ") && !strings.Contains(c.name, "deadline") && !errors.Is(err, store.ErrInvalidLease) {
+				t.Errorf("error %v, want ErrInvalidLease", err)
+			}
+			opts := make([]idempotency.Option, len(c.opts))
+			for i, o := range c.opts {
+				opts[i] = o
+			}
+			func() {
+				defer func() {
+					msg, _ := recover().(string)
+					if c.bad != strings.HasPrefix(msg, "idempotency.Idempotent: ") {
+						t.Fatalf("Idempotent: panic %q, want one: %v", msg, c.bad)
+					}
+				}()
+				idempotency.Idempotent(s, opts...)
+			}()
+		})
 	}
 }

@@ -170,7 +170,7 @@ func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 				s := fake.New()
 				b := backendFunc{claim: s.Claim, release: s.Release,
 					complete: func(_ context.Context, c store.Claim) (bool, error) { return false, settleErr("complete", c) }}
-				return setup{b: b, fn: ok, opts: []idempotency.LockOption{idempotency.WithSettleTimeout(30 * time.Millisecond)}}
+				return setup{b: b, fn: ok, opts: []idempotency.LockOption{idempotency.WithSettleTimeout(idempotency.MinSettleTimeout)}}
 			},
 			wantSpans:   []string{"idempotency.lock!", "idempotency.claim", "idempotency.body", "idempotency.complete!"},
 			wantOutcome: idempotency.OutcomeCompleteFailed,
