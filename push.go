@@ -159,7 +159,11 @@ func WithUnwrappedPush(attributes ...string) Option {
 // WithPushAuth makes [PushHandler] call verify on every request before it
 // reads the body, and refuse the request when verify returns an error:
 // with 403 when the error wraps [ErrPushForbidden], else with 401 (and a
-// WWW-Authenticate: Bearer header). A refused request never reaches the
+// WWW-Authenticate: Bearer header). The error goes to the log (WARN), and
+// the body is only the status text: a verifier's words may say what it
+// expects (an account, an audience), which is no business of an
+// unauthenticated sender. A verify that panics is a 500 with an ERROR
+// line, never a dropped connection. A refused request never reaches the
 // backend: nothing is claimed, nothing is run. The module
 // github.com/gcp-pubsub-idempotency/idempotency/pushauth gives a verify
 // that checks the OIDC token Pub/Sub puts on an authenticated push
@@ -228,7 +232,8 @@ func WithPushAuth(verify func(r *http.Request) error) Option {
 // CloudEvent of that very message id; any other is refused with a 400 that
 // names the option, rather than keyed on a body that is, most likely, an
 // unwrapped payload. Errors are logged at ERROR, contention and refused
-// requests at WARN, and the error text is the response body. PushHandler
+// requests at WARN, and the error text is the response body (but for
+// WithPushAuth's refusals, whose body is the status text). PushHandler
 // panics on what Idempotent panics on, and on a push option that is a
 // mistake (see WithUnwrappedPush and WithPushAuth).
 func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler {
@@ -246,7 +251,11 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 			return
 		}
 		if pc.auth != nil {
-			if err := pc.auth(r); err != nil {
+			if panicked, err := verify(pc.auth, r); panicked {
+				log.ErrorContext(r.Context(), "idempotency: the push verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
+				http.Error(w, "the push verifier failed", http.StatusInternalServerError)
+				return
+			} else if err != nil {
 				status := http.StatusUnauthorized
 				if errors.Is(err, ErrPushForbidden) {
 					status = http.StatusForbidden
@@ -254,7 +263,7 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 					w.Header().Set("WWW-Authenticate", "Bearer")
 				}
 				log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated push request", "status", status, "error", err)
-				http.Error(w, err.Error(), status)
+				http.Error(w, http.StatusText(status), status)
 				return
 			}
 		}
@@ -293,6 +302,18 @@ func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler
 		}
 		http.Error(w, err.Error(), status)
 	})
+}
+
+// verify calls the push verifier, with a panic in it reported as
+// panicked and its value as err: a verifier sees every request, an
+// unauthenticated one included.
+func verify(auth func(*http.Request) error, r *http.Request) (panicked bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked, err = true, fmt.Errorf("%v", p)
+		}
+	}()
+	return false, auth(r)
 }
 
 // unwrappedNoKey adds to the ErrNoKey of an unwrapped push what can key

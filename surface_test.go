@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -128,6 +129,52 @@ func TestDurationsBelowTheirFloorAreRefused(t *testing.T) {
 				}()
 				idempotency.Idempotent(s, opts...)
 			}()
+		})
+	}
+}
+
+// A verifier's refusal reaches the server's log, not the unauthenticated
+// client: its text may name what the endpoint expects (pushauth's names
+// the push subscription's service account). And a verifier that panics
+// on a request is a 500 with one ERROR line, not a dropped connection
+// with a stack trace: nothing claimed, the handler not run.
+func TestPushHandlerKeepsTheVerifiersWordsAndPanicsToItself(t *testing.T) {
+	const secret = "push@my-project.iam.gserviceaccount.com"
+	for _, c := range []struct {
+		name   string
+		verify func(*http.Request) error
+		want   int
+	}{
+		{"unauthenticated", func(*http.Request) error { return errors.New("want a token of " + secret) }, http.StatusUnauthorized},
+		{"forbidden", func(*http.Request) error {
+			return fmt.Errorf("%w: the token is not %s's", idempotency.ErrPushForbidden, secret)
+		}, http.StatusForbidden},
+		{"panic", func(*http.Request) error { panic("verifier bug near " + secret) }, http.StatusInternalServerError},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := &counting{}
+			l, logger := newLogs()
+			ph := idempotency.PushHandler(s, h.handle, idempotency.WithPushAuth(c.verify), idempotency.WithLogger(logger))
+			var code int
+			var body string
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("PushHandler panicked: %v", p)
+					}
+				}()
+				code, body = serveOnce(ph, unwrapped(`{"message":{"messageId":"m-1"}}`, nil))
+			}()
+			if code != c.want || h.runs() != 0 || s.Len() != 0 {
+				t.Fatalf("HTTP %d %q, %d runs, %d records; want %d and nothing run or claimed", code, body, h.runs(), s.Len(), c.want)
+			}
+			if strings.Contains(body, secret) {
+				t.Errorf("the body %q carries the verifier's words", body)
+			}
+			if recs := l.records(t); len(recs) != 1 || !strings.Contains(fmt.Sprint(recs[0]), secret) {
+				t.Errorf("log %v, want one line with the verifier's words", recs)
+			}
 		})
 	}
 }
