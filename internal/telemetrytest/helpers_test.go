@@ -163,7 +163,7 @@ func keyFree(t *testing.T, spans []sdktrace.ReadOnlySpan, keys ...string) {
 	attrs := func(where string, kvs []attribute.KeyValue, sp sdktrace.ReadOnlySpan) {
 		for _, kv := range kvs {
 			has(where+" attribute "+string(kv.Key)+" key", string(kv.Key), sp)
-			has(where+" attribute "+string(kv.Key), kv.Value.Emit(), sp)
+			has(where+" attribute "+string(kv.Key), kv.Value.String(), sp)
 		}
 	}
 	for _, s := range spans {
