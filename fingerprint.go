@@ -40,10 +40,14 @@ type PayloadMismatchError struct {
 	Until time.Time
 }
 
-// Error names the key and both fingerprints.
+// Error names the key, and neither fingerprint: [PushHandler] and the
+// functions framework write it as the 409's body, and the stored
+// fingerprint, an unsalted hash of an earlier payload, would let whoever
+// can post to the endpoint confirm a guess of that payload. The
+// fingerprints are in Stored and Delivered, and in the ERROR line that
+// [Idempotent] and PushHandler log.
 func (e *PayloadMismatchError) Error() string {
-	return fmt.Sprintf("idempotency: payload mismatch: key %q was completed by a payload with fingerprint %q, this one has %q; not a duplicate, not run",
-		e.Key, e.Stored, e.Delivered)
+	return fmt.Sprintf("idempotency: payload mismatch: key %q was completed by a different payload; not a duplicate, not run", e.Key)
 }
 
 // Is reports whether target is ErrPayloadMismatch.
@@ -340,7 +344,8 @@ func mismatch(stored, delivered string) bool {
 // do). A later delivery of the key within its ttl whose fingerprint
 // differs is not a duplicate: the handler does not run, an ERROR log
 // names the key and both fingerprints, and the delivery is nacked with a
-// 409 (an error wrapping [ErrPayloadMismatch]), so that it reaches the
+// 409 (an error wrapping [ErrPayloadMismatch], whose body carries no
+// fingerprint: see [PayloadMismatchError.Error]), so that it reaches the
 // dead-letter topic instead of being acked and lost. A record completed
 // without a fingerprint (before fingerprints, or with them off) keeps
 // acking duplicates as before. On a backend that does not implement

@@ -159,16 +159,21 @@ func WithUnwrappedPush(attributes ...string) Option {
 // WithPushAuth makes [PushHandler] call verify on every request before it
 // reads the body, and refuse the request when verify returns an error:
 // with 403 when the error wraps [ErrPushForbidden], else with 401 (and a
-// WWW-Authenticate: Bearer header). A refused request never reaches the
+// WWW-Authenticate: Bearer header). The error goes to the log (WARN), and
+// the body is only the status text: a verifier's words may say what it
+// expects (an account, an audience), which is no business of an
+// unauthenticated sender. A verify that panics is a 500 with an ERROR
+// line, never a dropped connection. A refused request never reaches the
 // backend: nothing is claimed, nothing is run. The module
 // github.com/gcp-pubsub-idempotency/idempotency/pushauth gives a verify
 // that checks the OIDC token Pub/Sub puts on an authenticated push
 // subscription's requests (its audience, issuer and service account); it
 // is a module of its own so that this one does not depend on Google's API
 // client. verify must be safe for concurrent use. PushHandler panics on a
-// nil verify. [Idempotent] ignores this option: a function behind the
-// functions framework is authenticated by Cloud Run itself (deploy it
-// with authentication required; see docs/deploy.md).
+// nil verify. [Idempotent] panics on this option, rather than run
+// unauthenticated an endpoint meant to be authenticated: a function
+// behind the functions framework is authenticated by Cloud Run itself
+// (deploy it with authentication required; see docs/deploy.md).
 func WithPushAuth(verify func(r *http.Request) error) Option {
 	return pushOption(func(pc *pushConfig) {
 		pc.auth = verify
@@ -227,11 +232,12 @@ func WithPushAuth(verify func(r *http.Request) error) Option {
 // CloudEvent of that very message id; any other is refused with a 400 that
 // names the option, rather than keyed on a body that is, most likely, an
 // unwrapped payload. Errors are logged at ERROR, contention and refused
-// requests at WARN, and the error text is the response body. PushHandler
+// requests at WARN, and the error text is the response body (but for
+// WithPushAuth's refusals, whose body is the status text). PushHandler
 // panics on what Idempotent panics on, and on a push option that is a
 // mistake (see WithUnwrappedPush and WithPushAuth).
 func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler {
-	return pushHandler("PushHandler", opts, func() CloudEventFunc { return Idempotent(b, opts...)(h) })
+	return pushHandler("PushHandler", opts, func() CloudEventFunc { return idempotent("PushHandler", b, opts)(h) })
 }
 
 // pushHandler is the handler of PushHandler (fn, for panics) serving the
@@ -251,7 +257,11 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 			return
 		}
 		if pc.auth != nil {
-			if err := pc.auth(r); err != nil {
+			if panicked, err := verify(pc.auth, r); panicked {
+				log.ErrorContext(r.Context(), "idempotency: the push verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
+				http.Error(w, "the push verifier failed", http.StatusInternalServerError)
+				return
+			} else if err != nil {
 				status := http.StatusUnauthorized
 				if errors.Is(err, ErrPushForbidden) {
 					status = http.StatusForbidden
@@ -259,7 +269,7 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 					w.Header().Set("WWW-Authenticate", "Bearer")
 				}
 				log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated push request", "status", status, "error", err)
-				http.Error(w, err.Error(), status)
+				http.Error(w, http.StatusText(status), status)
 				return
 			}
 		}
@@ -298,6 +308,18 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 		}
 		http.Error(w, err.Error(), status)
 	})
+}
+
+// verify calls the push verifier, with a panic in it reported as
+// panicked and its value as err: a verifier sees every request, an
+// unauthenticated one included.
+func verify(auth func(*http.Request) error, r *http.Request) (panicked bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked, err = true, fmt.Errorf("%v", p)
+		}
+	}()
+	return false, auth(r)
 }
 
 // unwrappedNoKey adds to the ErrNoKey of an unwrapped push what can key
