@@ -151,7 +151,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	if c.msgTrace {
 		ctx = messageTrace(ctx, e)
 	}
-	key, err := c.key(e)
+	key, fp, fpDone, err := c.keyAndFingerprint(e)
 	if r, ok := err.(*refusedKeyError); ok && c.hashKeys {
 		key, err = r.key, nil // stored hashed below
 	}
@@ -176,9 +176,10 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 		return refused(fmt.Errorf("idempotency: event %q: key%s: %w", e.ID(), hint, err))
 	}
-	fp, err := c.fingerprintOf(e)
-	if err != nil {
-		return refused(err)
+	if !fpDone {
+		if fp, err = c.fingerprintOf(e); err != nil {
+			return refused(err)
+		}
 	}
 	ran, err := run(ctx, b, key, fp, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
 	if ran {

@@ -38,18 +38,19 @@ func MessageID() KeyFunc {
 	return messageID
 }
 
-// messageID reads only the ids: scanMessageIDs picks them out without
-// decoding the payload or the attributes, and encoding/json decodes
-// whatever that scan leaves to it, so every event gets the key a full
-// decode gives it.
+// messageID decodes only the ids, with encoding/json: the payload and the
+// attributes are skipped, not decoded.
 func messageID(e event.Event) (string, error) {
-	id, alt, ok := scanMessageIDs(e.Data())
-	if !ok {
-		var err error
-		if id, alt, err = decodeMessageIDs(e); err != nil {
-			return "", err
-		}
+	id, alt, err := decodeMessageIDs(e)
+	if err != nil {
+		return "", err
 	}
+	return messageIDKey(id, alt, e)
+}
+
+// messageIDKey is the default key of e, whose message has the ids id
+// (messageId) and alt (message_id).
+func messageIDKey(id, alt string, e event.Event) (string, error) {
 	id = firstNonEmpty(id, alt)
 	if id == "" && e.Type() == PubSubEventType {
 		id = e.ID()
@@ -57,8 +58,8 @@ func messageID(e event.Event) (string, error) {
 	return checkedKey(id, "messageId", e)
 }
 
-// decodeMessageIDs is messageID's decode with encoding/json, for whatever
-// scanMessageIDs leaves to it (and its refusals of malformed data).
+// decodeMessageIDs is messageID's decode: the message's two ids, or an
+// error wrapping ErrMalformedEvent.
 func decodeMessageIDs(e event.Event) (id, alt string, err error) {
 	var w struct {
 		Message *struct {
