@@ -188,7 +188,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	if c.msgTrace {
 		ctx = messageTrace(ctx, e)
 	}
-	key, err := c.key(e)
+	key, fp, fpDone, err := c.keyAndFingerprint(e)
 	if r, ok := err.(*refusedKeyError); ok && c.hashKeys {
 		key, err = r.key, nil // stored hashed below
 	}
@@ -214,9 +214,10 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 		return refused(fmt.Errorf("idempotency: event %q: key%s: %w", e.ID(), hint, err))
 	}
-	fp, err := c.fingerprintOf(e)
-	if err != nil {
-		return refused(err)
+	if !fpDone {
+		if fp, err = c.fingerprintOf(e); err != nil {
+			return refused(err)
+		}
 	}
 	var ran bool
 	if txOf != nil {

@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
@@ -335,9 +338,14 @@ func unwrappedNoKey(err error, hasID bool) error {
 // without a message id.
 const unidentifiedPushType = "io.github.gcp-pubsub-idempotency.push.unidentified"
 
-// readBody reads the request body, up to MaxPushBody.
+// readBody reads the request body, up to MaxPushBody. Its buffer grows
+// towards the request's Content-Length, when it gives one, in at most
+// three steps (io.ReadAll's growth would allocate about twice the body);
+// but only as far as the bytes that arrived vouch for it: the first
+// buffer is at most readAhead, and each next at most 4 times the last, so
+// a request that claims 16 MiB and sends nothing costs 1 MiB.
 func readBody(r *http.Request) ([]byte, int, error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxPushBody+1))
+	body, err := readAll(io.LimitReader(r.Body, MaxPushBody+1), r.ContentLength)
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("reading the body: %w", err)
 	}
@@ -345,6 +353,53 @@ func readBody(r *http.Request) ([]byte, int, error) {
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("body over %d bytes", MaxPushBody)
 	}
 	return body, 0, nil
+}
+
+// readAhead is the most readBody allocates before any byte arrives.
+const readAhead = 1 << 20
+
+// readAll is io.ReadAll for a body that says it has size bytes (<= 0: it
+// does not say); see readBody.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	want := 512 // what io.ReadAll starts with
+	if size > 0 && size <= MaxPushBody {
+		want = int(size) + 1 // +1: the read that finds EOF
+	}
+	b := make([]byte, 0, min(want, readAhead))
+	for {
+		if len(b) == cap(b) {
+			if next := min(want, 4*cap(b)); next > cap(b) {
+				b = append(make([]byte, 0, next), b...)
+			} else {
+				b = append(b, 0)[:len(b)] // past what the body said: as io.ReadAll
+			}
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// bodyMessage is a CloudEvents HTTP message whose body was read already:
+// a binary-mode event gets that body as its data, not a copy of it.
+type bodyMessage struct {
+	*cehttp.Message
+	body []byte
+}
+
+// ReadBinary reads the headers as the SDK does, and gives w the body as
+// a *bytes.Buffer, which the SDK's event builder keeps without copying.
+func (m bodyMessage) ReadBinary(ctx context.Context, w binding.BinaryWriter) error {
+	m.Message.BodyReader = nil
+	if err := m.Message.ReadBinary(ctx, w); err != nil {
+		return err
+	}
+	return w.SetData(bytes.NewBuffer(m.body))
 }
 
 // pushEvent reads the request as a CloudEvent or a raw push envelope. A
@@ -371,8 +426,8 @@ func wrappedEvent(r *http.Request) (event.Event, int, error) {
 		return event.Event{}, status, err
 	}
 	if r.Header.Get("Ce-Id") != "" || strings.Contains(r.Header.Get("Content-Type"), "cloudevents") {
-		r.Body = io.NopCloser(strings.NewReader(string(body)))
-		e, err := cehttp.NewEventFromHTTPRequest(r)
+		msg := cehttp.NewMessage(r.Header, io.NopCloser(bytes.NewReader(body)))
+		e, err := binding.ToEvent(r.Context(), bodyMessage{msg, body})
 		if err != nil {
 			return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: not a valid CloudEvent: %v", ErrMalformedEvent, err)
 		}
@@ -393,9 +448,7 @@ func wrappedEvent(r *http.Request) (event.Event, int, error) {
 		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: push envelope has no \"message\"", ErrMalformedEvent)
 	}
 	e := pubsubEventFor(firstNonEmpty(env.Message.MessageID, env.Message.MessageIDAlt), env.Subscription, env.Message.PublishTime)
-	if err := e.SetData(event.ApplicationJSON, json.RawMessage(body)); err != nil {
-		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
-	}
+	setJSONData(&e, body)
 	return e, 0, nil
 }
 
@@ -482,8 +535,14 @@ func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
 		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
 	e := pubsubEventFor(msg.MessageID, sub, msg.PublishTime)
-	if err := e.SetData(event.ApplicationJSON, json.RawMessage(data)); err != nil {
-		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
-	}
+	setJSONData(&e, data)
 	return e, 0, nil
+}
+
+// setJSONData makes data, valid JSON, e's data as it is: SetData would
+// marshal a json.RawMessage, a compacted copy of it.
+func setJSONData(e *event.Event, data []byte) {
+	e.SetDataContentType(event.ApplicationJSON)
+	e.DataEncoded = data
+	e.DataBase64 = false
 }
