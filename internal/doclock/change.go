@@ -55,6 +55,7 @@ type changed struct {
 // skips the read: if the record changed since, the conditioned update does
 // not apply, and the next round reads it.
 func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now time.Time) (next Record, write bool)) (changed, error) {
+	start := l.clock.Now() // the call began: no instant it writes may lie before it
 	cur := fromClaim(c, l.ttl)
 	known := c.Rev != 0
 	var (
@@ -90,9 +91,8 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 		if !write {
 			return changed{rec: cur, found: true}, nil
 		}
-		t0 := l.clock.Now()
 		v, applied, at, lostNow, err := l.st.Update(ctx, c.Key, next, cur.Version)
-		rtt := l.clock.Now().Sub(t0)
+		rtt := l.clock.Now().Sub(start)
 		if lostNow != nil {
 			pending, lost, sent = later(pending, takeable(next)), lostNow, append(sent, next)
 		}

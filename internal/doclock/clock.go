@@ -159,9 +159,9 @@ func ranAhead(base, at time.Time) bool {
 }
 
 // ranBehind reports whether a write based on base landed at server time
-// at (zero when unknown) further after base than the write's round trip
-// rtt (on the client's clock) explains: base lies before the call began,
-// by the server's clock. The server's clock stepped ahead of the
+// at (zero when unknown) further after base than the time elapsed since
+// the call began (rtt, on the client's clock) explains: base lies before
+// the call began, by the server's clock. The server's clock stepped ahead of the
 // estimate, or the client's clock stood still. The write's lease or ttl
 // then ends before the call could have made it, perhaps before the commit
 // (a lease that lapsed as it was written lets a second caller win the key

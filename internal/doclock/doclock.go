@@ -91,6 +91,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 		return store.Result{}, fmt.Errorf("%s: claim %q: %w", l.name, key, err)
 	}
 	token := store.NewToken()
+	start := l.clock.Now() // the call began: no instant it writes may lie before it
 	// pending is the latest lease that a write of this call whose reply
 	// was lost may have stored; lost is that write's error.
 	var (
@@ -112,9 +113,8 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 			if ok {
 				rec := Record{State: StateClaimed, Fence: 1, Lease: instant(hi, lease), Token: token}
 				rec.Exp = instant(rec.Lease, l.ttl)
-				sent := l.clock.Now()
 				v, at, lostNow, err := l.st.Create(ctx, key, rec)
-				rtt := l.clock.Now().Sub(sent)
+				rtt := l.clock.Now().Sub(start)
 				if lostNow != nil {
 					pending, lost = later(pending, rec.Lease), lostNow
 				}
@@ -191,9 +191,8 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 		}
 		next := Record{State: StateClaimed, Fence: cur.Fence + 1, Lease: instant(base, lease), Token: token}
 		next.Exp = instant(next.Lease, l.ttl)
-		sent := l.clock.Now()
 		v, applied, at, lostNow, err := l.st.Update(ctx, key, next, cur.Version)
-		rtt := l.clock.Now().Sub(sent)
+		rtt := l.clock.Now().Sub(start)
 		if lostNow != nil {
 			pending, lost = later(pending, next.Lease), lostNow
 		}
