@@ -36,7 +36,7 @@ func TestHistoryOneDatabaseWithLostReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	storetest.CheckHistory(t, storetest.Harness{Backend: b, TTL: ttl, Step: step, Faults: eitherLoss{r: r, p: p}},
-		storetest.HistoryOptions{Ops: 1000, Keys: 4, ClientsPerKey: 2, FaultRate: 0.1})
+		storetest.HistoryOptions{Ops: 1000, Keys: 2, ClientsPerKey: 4, FaultRate: 0.1})
 }
 
 // eitherLoss is storetest.Faults whose lost reply is, at random, the
