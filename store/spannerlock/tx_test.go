@@ -1,0 +1,342 @@
+package spannerlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/spanner"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
+)
+
+// The caller's own data for CompleteTx's tests: rows that carry an id,
+// one new row per write (a second committed write shows as two).
+const (
+	txTable = "Effects"
+	txDDL   = "CREATE TABLE " + txTable + " (id STRING(256) NOT NULL, n STRING(64) NOT NULL) PRIMARY KEY (id, n)"
+)
+
+// txDatabase creates a database of the test's own with the backend's
+// table and the Effects table.
+func txDatabase(t testing.TB) string {
+	t.Helper()
+	b, err := spannerlock.New(&spanner.Client{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testsvc.SpannerDatabase(t, b.Schema(), txDDL)
+}
+
+// effect inserts one new Effects row carrying id, by DML: the statement
+// begins the transaction on the server, as most bodies' first statement
+// does.
+func effect(ctx context.Context, tx *spanner.ReadWriteTransaction, id string) error {
+	_, err := tx.Update(ctx, spanner.Statement{
+		SQL:    "INSERT INTO " + txTable + " (id, n) VALUES (@id, @n)",
+		Params: map[string]any{"id": id, "n": store.NewToken()},
+	})
+	return err
+}
+
+// effects counts the committed Effects rows carrying id, with a strong
+// single read.
+func effects(t testing.TB, c *spanner.Client, id string) int {
+	t.Helper()
+	var n int64
+	err := c.Single().Query(context.Background(), spanner.Statement{
+		SQL:    "SELECT COUNT(*) FROM " + txTable + " WHERE id = @id",
+		Params: map[string]any{"id": id},
+	}).Do(func(r *spanner.Row) error { return r.Columns(&n) })
+	if err != nil {
+		t.Fatalf("counting effects %q: %v", id, err)
+	}
+	return int(n)
+}
+
+// record is a row of the backend's table as read.
+type record struct {
+	state, fence      int64
+	lease, exp        time.Time
+	token             string
+	fp                spanner.NullString
+	present           bool
+	serverNowAfterRow time.Time
+}
+
+// readRecord reads key's row with a strong read, and the server's
+// CURRENT_TIMESTAMP() after it.
+func readRecord(t testing.TB, c *spanner.Client, key string) record {
+	t.Helper()
+	var r record
+	row, err := c.Single().ReadRow(context.Background(), spannerlock.DefaultTable, spanner.Key{[]byte(key)},
+		[]string{"state", "fence", "lease_expiry", "expires_at", "token", "fingerprint"})
+	switch {
+	case spanner.ErrCode(err) == codes.NotFound:
+	case err != nil:
+		t.Fatalf("reading %q: %v", key, err)
+	default:
+		r.present = true
+		if err := row.Columns(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.serverNowAfterRow = serverNow(t, c)
+	return r
+}
+
+// serverNow is the emulator's CURRENT_TIMESTAMP().
+func serverNow(t testing.TB, c *spanner.Client) time.Time {
+	t.Helper()
+	var now time.Time
+	err := c.Single().Query(context.Background(), spanner.Statement{SQL: "SELECT CURRENT_TIMESTAMP()"}).
+		Do(func(r *spanner.Row) error { return r.Columns(&now) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return now
+}
+
+// txEnv is a backend on a database with the Effects table, a second
+// backend on another client of the same database (another instance), and
+// a plain client to look with.
+type txEnv struct {
+	b, other *spannerlock.Backend
+	r        *rpcs
+	look     *spanner.Client
+	proxy    *testsvc.DropProxy
+}
+
+func newTxEnv(t *testing.T, opts ...spannerlock.Option) txEnv {
+	t.Helper()
+	addr := testsvc.Spanner(t)
+	db := txDatabase(t)
+	p := testsvc.NewDropProxy(t, addr)
+	r := &rpcs{}
+	b, err := spannerlock.New(newClient(t, db, p.Addr(), r), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := spannerlock.New(newClient(t, db, addr, &rpcs{}), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return txEnv{b: b, other: other, r: r, look: newClient(t, db, addr, &rpcs{}), proxy: p}
+}
+
+func (e txEnv) claim(t *testing.T, key string, lease time.Duration) store.Claim {
+	t.Helper()
+	res, err := e.b.Claim(t.Context(), key, lease)
+	if err != nil || res.Outcome != store.Won {
+		t.Fatalf("claim %q: %+v %v", key, res, err)
+	}
+	return res.Claim
+}
+
+// completeTx runs CompleteTx with a body that writes one effect carrying
+// id, and returns its answer and how often the body ran.
+func (e txEnv) completeTx(ctx context.Context, c store.Claim, fp, id string) (bool, int, error) {
+	calls := 0
+	ok, err := e.b.CompleteTx(ctx, c, fp, func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		calls++
+		return effect(ctx, tx, id)
+	})
+	return ok, calls, err
+}
+
+// CompleteTx commits the body's writes and the Done mark together, and
+// the mark is exactly the row CompleteFingerprint writes: state 2, the
+// fingerprint, expires_at from the server's clock plus the ttl, fence,
+// token and lease_expiry kept. A second CompleteTx of the same claim, and
+// a CompleteTx of a claim Complete completed, commit nothing: false, nil.
+func TestCompleteTxCommitsTheWritesAndTheMarkTogether(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const ttl = time.Hour
+	e := newTxEnv(t, spannerlock.WithTTL(ttl))
+	for _, fp := range []string{"", "sha256:abc"} {
+		t.Run("fp="+fp, func(t *testing.T) {
+			tx, plain := e.claim(t, "tx"+fp, time.Minute), e.claim(t, "plain"+fp, time.Minute)
+			before := readRecord(t, e.look, tx.Key)
+			ok, calls, err := e.completeTx(ctx, tx, fp, "a"+fp)
+			if !ok || err != nil || calls != 1 {
+				t.Fatalf("CompleteTx = %v, %v (body ran %d times); want true, nil, once", ok, err, calls)
+			}
+			after := readRecord(t, e.look, tx.Key)
+			if ok, err := e.b.CompleteFingerprint(ctx, plain, fp); !ok || err != nil {
+				t.Fatalf("CompleteFingerprint: %v %v", ok, err)
+			}
+			want := readRecord(t, e.look, plain.Key)
+			if n := effects(t, e.look, "a"+fp); n != 1 {
+				t.Fatalf("%d effects after CompleteTx, want 1", n)
+			}
+			if after.state != want.state || after.fence != want.fence || after.fp != want.fp || after.token != tx.Token ||
+				!after.lease.Equal(before.lease) || after.state != 2 || after.fence != tx.Fence {
+				t.Errorf("CompleteTx left %+v, CompleteFingerprint %+v (the row before: %+v)", after, want, before)
+			}
+			// expires_at is the server's clock at the statement plus the
+			// ttl, as CompleteFingerprint's.
+			if lo, hi := before.serverNowAfterRow.Add(ttl), after.serverNowAfterRow.Add(ttl); after.exp.Before(lo) || after.exp.After(hi) {
+				t.Errorf("CompleteTx's expires_at %v is not within [%v, %v], the server's clock around it plus the ttl", after.exp, lo, hi)
+			}
+			if res, err := e.other.Claim(ctx, tx.Key, time.Minute); err != nil || res.Outcome != store.AlreadyDone || res.Fingerprint != fp || !res.Until.Equal(after.exp) {
+				t.Errorf("claim of the completed key: %+v %v; want done until %v with fingerprint %q", res, err, after.exp, fp)
+			}
+
+			ok, _, err = e.completeTx(ctx, tx, fp, "a"+fp)
+			if ok || err != nil {
+				t.Fatalf("second CompleteTx of the same claim = %v, %v; want false, nil", ok, err)
+			}
+			if n := effects(t, e.look, "a"+fp); n != 1 {
+				t.Fatalf("%d effects after a second CompleteTx, want 1", n)
+			}
+			ok, _, err = e.completeTx(ctx, plain, fp, "b"+fp)
+			if ok || err != nil {
+				t.Fatalf("CompleteTx of a claim Complete completed = %v, %v; want false, nil", ok, err)
+			}
+			if n := effects(t, e.look, "b"+fp); n != 0 {
+				t.Fatalf("%d effects from a CompleteTx of a completed claim, want 0", n)
+			}
+			if got := readRecord(t, e.look, tx.Key); !got.exp.Equal(after.exp) || got.state != 2 {
+				t.Errorf("the refused CompleteTx changed the row: %+v, was %+v", got, after)
+			}
+		})
+	}
+}
+
+// A holder whose lease lapsed and who was replaced cannot commit: its
+// CompleteTx is false, nil and its writes are absent; the successor's
+// claim is unaffected and its CompleteTx commits. A released claim's
+// CompleteTx commits nothing either. A lapsed claim nobody took commits
+// (the lease is not tested, as for Complete).
+func TestCompleteTxOfASupersededHolderCommitsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	old := e.claim(t, "k", time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+	res, err := e.other.Claim(ctx, "k", time.Minute)
+	if err != nil || res.Outcome != store.Won || res.Claim.Fence != old.Fence+1 {
+		t.Fatalf("the successor's claim: %+v %v", res, err)
+	}
+	if ok, _, err := e.completeTx(ctx, old, "", "old"); ok || err != nil {
+		t.Fatalf("the superseded holder's CompleteTx = %v, %v; want false, nil", ok, err)
+	}
+	if n := effects(t, e.look, "old"); n != 0 {
+		t.Fatalf("the superseded holder's CompleteTx left %d effects, want 0", n)
+	}
+	if r := readRecord(t, e.look, "k"); r.state != 1 || r.fence != res.Claim.Fence || r.token != res.Claim.Token {
+		t.Fatalf("the successor's row after the refused CompleteTx: %+v", r)
+	}
+	if ok, err := e.other.CompleteTx(ctx, res.Claim, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		return effect(ctx, tx, "new")
+	}); !ok || err != nil {
+		t.Fatalf("the successor's CompleteTx = %v, %v", ok, err)
+	}
+	if n := effects(t, e.look, "new"); n != 1 {
+		t.Fatalf("the successor's CompleteTx left %d effects, want 1", n)
+	}
+
+	rel := e.claim(t, "released", time.Minute)
+	if err := e.b.Release(ctx, rel); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _, err := e.completeTx(ctx, rel, "", "released"); ok || err != nil || effects(t, e.look, "released") != 0 {
+		t.Fatalf("CompleteTx of a released claim = %v, %v; want false, nil and no effect", ok, err)
+	}
+
+	lapsed := e.claim(t, "lapsed", time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+	if ok, _, err := e.completeTx(ctx, lapsed, "", "lapsed"); !ok || err != nil || effects(t, e.look, "lapsed") != 1 {
+		t.Fatalf("CompleteTx of a lapsed claim nobody took = %v, %v; want true, nil and the effect", ok, err)
+	}
+}
+
+// A body error rolls back: the error wraps the body's, no effect and no
+// mark exist, and the claim can be released and the key claimed again.
+func TestCompleteTxBodyErrorLeavesNoWritesAndNoMark(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	boom := errors.New("boom")
+	ok, err := e.b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		if err := effect(ctx, tx, "k"); err != nil {
+			return err
+		}
+		return fmt.Errorf("the body: %w", boom)
+	})
+	if ok || !errors.Is(err, boom) {
+		t.Fatalf("CompleteTx with a failing body = %v, %v; want false and an error wrapping boom", ok, err)
+	}
+	if n := effects(t, e.look, "k"); n != 0 {
+		t.Fatalf("%d effects after a body error, want 0", n)
+	}
+	if r := readRecord(t, e.look, "k"); r.state != 1 || r.fence != c.Fence {
+		t.Fatalf("the row after a body error: %+v; want still claimed with fence %d", r, c.Fence)
+	}
+	if res, err := e.other.Claim(ctx, "k", time.Minute); err != nil || res.Outcome != store.HeldByOther {
+		t.Fatalf("claim after a body error: %+v %v; want held by other", res, err)
+	}
+	if err := e.b.Release(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.other.Claim(ctx, "k", time.Minute); err != nil || res.Outcome != store.Won || res.Claim.Fence <= c.Fence {
+		t.Fatalf("claim after the release: %+v %v; want won with a higher fence", res, err)
+	}
+}
+
+// Arguments are checked before any RPC, and the body does not run.
+func TestCompleteTxValidatesBeforeAnyIO(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	e.r.take()
+	body := func(context.Context, *spanner.ReadWriteTransaction) error {
+		t.Error("the body ran for invalid arguments")
+		return nil
+	}
+	if _, err := e.b.CompleteTx(ctx, store.Claim{Fence: 1, Token: "x"}, "", body); !errors.Is(err, store.ErrInvalidKey) {
+		t.Errorf("empty key: %v, want ErrInvalidKey", err)
+	}
+	if _, err := e.b.CompleteTx(ctx, c, "bad\x00fp", body); !errors.Is(err, store.ErrInvalidFingerprint) {
+		t.Errorf("invalid fingerprint: %v, want ErrInvalidFingerprint", err)
+	}
+	if sent := e.r.take(); len(sent) != 0 {
+		t.Errorf("invalid arguments sent %v", sent)
+	}
+}
+
+// A transaction the Spanner client runs again (the body returned Aborted
+// once, as a statement of Spanner's would) commits the writes once: only
+// the committing attempt's writes exist.
+func TestCompleteTxRetriedByTheClientCommitsTheWritesOnce(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	calls := 0
+	ok, err := e.b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		calls++
+		if err := effect(ctx, tx, "k"); err != nil {
+			return err
+		}
+		if calls == 1 {
+			return status.Error(codes.Aborted, "test: abort the first attempt after its write")
+		}
+		return nil
+	})
+	if !ok || err != nil || calls != 2 {
+		t.Fatalf("CompleteTx whose first attempt aborted = %v, %v, body ran %d times; want true, nil, twice", ok, err, calls)
+	}
+	if n := effects(t, e.look, "k"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
