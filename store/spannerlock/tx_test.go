@@ -340,3 +340,224 @@ func TestCompleteTxRetriedByTheClientCommitsTheWritesOnce(t *testing.T) {
 		t.Fatalf("%d effects, want 1", n)
 	}
 }
+
+// A Commit that applied but whose reply was lost is settled before
+// CompleteTx answers: true, with the effect once and the row Done. The
+// loss comes back as Unavailable (the Spanner client sends the Commit
+// again), as DeadlineExceeded or NotFound (it reaches the backend, which
+// settles by releasing the claim and reading the row), as Aborted (the
+// client runs the function again, whose Done mark finds the row done by
+// this very claim), and as a ctx that the caller cancels meanwhile (the
+// settling runs on a context of its own).
+func TestCompleteTxWithALostCommitReplyThatLandedIsTrue(t *testing.T) {
+	t.Parallel()
+	for _, lost := range []string{"Unavailable", "DeadlineExceeded", "NotFound", "Aborted", "Canceled"} {
+		t.Run(lost, func(t *testing.T) {
+			t.Parallel()
+			e := newTxEnv(t)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			c := e.claim(t, "k", time.Minute)
+			switch lost {
+			case "Canceled":
+				e.r.lostCode = codes.Canceled
+				e.r.whileLost = cancel
+			default:
+				e.r.lostCode = map[string]codes.Code{"Unavailable": codes.Unavailable, "DeadlineExceeded": codes.DeadlineExceeded,
+					"NotFound": codes.NotFound, "Aborted": codes.Aborted}[lost]
+			}
+			e.r.loseNextCommit.Store(true)
+			ok, calls, err := e.completeTx(ctx, c, "", "k")
+			if e.r.lost.Load() != 1 {
+				t.Fatalf("%d replies lost, want 1", e.r.lost.Load())
+			}
+			t.Logf("body ran %d times; RPCs %v", calls, e.r.take())
+			if !ok || err != nil {
+				t.Fatalf("CompleteTx whose commit landed, its reply lost as %s = %v, %v; want true, nil", lost, ok, err)
+			}
+			if n := effects(t, e.look, "k"); n != 1 {
+				t.Fatalf("%d effects, want 1", n)
+			}
+			if r := readRecord(t, e.look, "k"); r.state != 2 || r.fence != c.Fence || r.token != c.Token {
+				t.Fatalf("the row: %+v; want done with the claim's fence and token", r)
+			}
+		})
+	}
+}
+
+// A Commit that failed without landing (refused before it was sent, with
+// an error that reaches the backend) is settled too: an error that is not
+// ErrCommitUnknown, no effect, and the claim released (the key can be
+// claimed at once, with a higher fence).
+func TestCompleteTxWithACommitThatDidNotLandFailsAndReleases(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	e.r.refuse.Store(&refusal{"Commit", codes.DeadlineExceeded})
+	ok, calls, err := e.completeTx(ctx, c, "", "k")
+	if e.r.refused.Load() != 1 {
+		t.Fatalf("%d Commits refused, want 1", e.r.refused.Load())
+	}
+	t.Logf("body ran %d times; RPCs %v", calls, e.r.take())
+	if ok || err == nil || errors.Is(err, store.ErrCommitUnknown) || spanner.ErrCode(err) != codes.DeadlineExceeded {
+		t.Fatalf("CompleteTx whose Commit never reached the server = %v, %v; want false and the Commit's error, not ErrCommitUnknown", ok, err)
+	}
+	if n := effects(t, e.look, "k"); n != 0 {
+		t.Fatalf("%d effects, want 0", n)
+	}
+	res, err := e.other.Claim(ctx, "k", time.Minute)
+	if err != nil || res.Outcome != store.Won || res.Claim.Fence <= c.Fence {
+		t.Fatalf("claim after the settled CompleteTx: %+v %v; want won with a fence above %d", res, err, c.Fence)
+	}
+}
+
+// When the settling fails too, CompleteTx returns an error wrapping
+// ErrCommitUnknown, never true or false; the effect and the Done mark
+// exist both or neither (here both: the Commit landed).
+func TestCompleteTxThatCannotSettleReturnsErrCommitUnknown(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	e.r.lostCode = codes.DeadlineExceeded
+	e.r.whileLost = func() {
+		// The settling's Release fails at its Commit, with a code no
+		// layer retries (a refused first statement would be sent again
+		// with an explicit BeginTransaction).
+		e.r.refuse.Store(&refusal{"Commit", codes.PermissionDenied})
+	}
+	e.r.loseNextCommit.Store(true)
+	ok, _, err := e.completeTx(ctx, c, "", "k")
+	if e.r.lost.Load() != 1 || e.r.refused.Load() != 1 {
+		t.Fatalf("%d replies lost and %d statements refused, want 1 and 1", e.r.lost.Load(), e.r.refused.Load())
+	}
+	if ok || !errors.Is(err, store.ErrCommitUnknown) {
+		t.Fatalf("CompleteTx that could not settle = %v, %v; want an error wrapping ErrCommitUnknown", ok, err)
+	}
+	n, r := effects(t, e.look, "k"), readRecord(t, e.look, "k")
+	if done := r.state == 2 && r.fence == c.Fence && r.token == c.Token; done != (n == 1) || n > 1 {
+		t.Fatalf("%d effects and the row %+v: want the effect exactly when the claim is done", n, r)
+	}
+}
+
+// A crash between the body's last write and the commit leaves neither
+// the effect nor the mark: the caller's ctx ends there (the Done mark's
+// statement fails with it, and nothing commits), or the connections are
+// cut there (whatever CompleteTx answers, true means the effect exists,
+// false or an error that it does not, and it exists exactly when the key
+// is done).
+func TestCompleteTxCrashBeforeTheCommitLeavesNeither(t *testing.T) {
+	t.Parallel()
+	t.Run("ctx", func(t *testing.T) {
+		t.Parallel()
+		e := newTxEnv(t)
+		c := e.claim(t, "k", time.Minute)
+		ctx, cancel := context.WithCancel(t.Context())
+		ok, err := e.b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+			if err := effect(ctx, tx, "k"); err != nil {
+				return err
+			}
+			cancel()
+			return nil
+		})
+		if ok || !errors.Is(err, context.Canceled) && spanner.ErrCode(err) != codes.Canceled {
+			t.Fatalf("CompleteTx whose ctx ended before the commit = %v, %v; want false and the ctx's error", ok, err)
+		}
+		if n := effects(t, e.look, "k"); n != 0 {
+			t.Fatalf("%d effects, want 0", n)
+		}
+		if r := readRecord(t, e.look, "k"); r.state != 1 || r.fence != c.Fence {
+			t.Fatalf("the row: %+v; want still claimed with fence %d", r, c.Fence)
+		}
+	})
+	t.Run("cut", func(t *testing.T) {
+		t.Parallel()
+		e := newTxEnv(t)
+		ctx := t.Context()
+		for i := range 3 {
+			key := fmt.Sprint("k", i)
+			c := e.claim(t, key, time.Minute)
+			calls := 0
+			ok, err := e.b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+				calls++
+				if err := effect(ctx, tx, key); err != nil {
+					return err
+				}
+				if calls == 1 {
+					e.proxy.CutConnections()
+				}
+				return nil
+			})
+			n, r := effects(t, e.look, key), readRecord(t, e.look, key)
+			t.Logf("cut after the write: %v, %v; body ran %d times; %d effects", ok, err, calls, n)
+			done := r.state == 2 && r.fence == c.Fence && r.token == c.Token
+			switch {
+			case done != (n == 1) || n > 1:
+				t.Fatalf("%d effects and the row %+v: want the effect exactly when the claim is done", n, r)
+			case ok && n != 1, !ok && err == nil, err != nil && !errors.Is(err, store.ErrCommitUnknown) && n != 0:
+				t.Fatalf("CompleteTx = %v, %v with %d effects", ok, err, n)
+			}
+		}
+	})
+}
+
+// While a body runs (its transaction begun by its write), a concurrent
+// Claim of the key on another instance answers HeldByOther without
+// waiting for the body's transaction: the body waits for that answer
+// (up to a bound that only detects a deadlock) before it returns.
+//
+// On the emulator the answer comes at once, but at a cost to the body:
+// the emulator runs one read-write transaction per database, and the
+// Claim's takes priority and aborts the body's, which the Spanner client
+// then runs again. The test logs how long the Claim took and how often
+// the body ran.
+func TestCompleteTxDoesNotBlockAConcurrentClaim(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	type answer struct {
+		res  store.Result
+		err  error
+		took time.Duration
+	}
+	var (
+		first *answer
+		calls int
+	)
+	ok, err := e.b.CompleteTx(ctx, c, "", func(txCtx context.Context, tx *spanner.ReadWriteTransaction) error {
+		calls++
+		if err := effect(txCtx, tx, "k"); err != nil {
+			return err
+		}
+		if first != nil {
+			return nil
+		}
+		got := make(chan answer, 1)
+		go func() {
+			// Not txCtx: the Spanner client refuses a transaction
+			// under the context of another (nested transactions).
+			start := time.Now()
+			res, err := e.other.Claim(ctx, "k", time.Minute)
+			got <- answer{res, err, time.Since(start)}
+		}()
+		select {
+		case a := <-got:
+			first = &a
+			return nil
+		case <-time.After(30 * time.Second):
+			return errors.New("a concurrent Claim did not answer while the body ran")
+		}
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx = %v, %v", ok, err)
+	}
+	if first.err != nil || first.res.Outcome != store.HeldByOther {
+		t.Fatalf("the Claim while the body ran: %+v %v; want held by other", first.res, first.err)
+	}
+	t.Logf("the concurrent Claim answered in %v; the body ran %d times", first.took, calls)
+	if n := effects(t, e.look, "k"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
+	}
+}
