@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -108,6 +109,7 @@ func serverNow(t testing.TB, c *spanner.Client) time.Time {
 // a plain client to look with.
 type txEnv struct {
 	b, other *spannerlock.Backend
+	client   *spanner.Client // b's, whose RPCs r counts
 	r        *rpcs
 	look     *spanner.Client
 	proxy    *testsvc.DropProxy
@@ -119,7 +121,8 @@ func newTxEnv(t *testing.T, opts ...spannerlock.Option) txEnv {
 	db := txDatabase(t)
 	p := testsvc.NewDropProxy(t, addr)
 	r := &rpcs{}
-	b, err := spannerlock.New(newClient(t, db, p.Addr(), r), opts...)
+	client := newClient(t, db, p.Addr(), r)
+	b, err := spannerlock.New(client, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +130,7 @@ func newTxEnv(t *testing.T, opts ...spannerlock.Option) txEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return txEnv{b: b, other: other, r: r, look: newClient(t, db, addr, &rpcs{}), proxy: p}
+	return txEnv{b: b, other: other, client: client, r: r, look: newClient(t, db, addr, &rpcs{}), proxy: p}
 }
 
 func (e txEnv) claim(t *testing.T, key string, lease time.Duration) store.Claim {
@@ -559,5 +562,77 @@ func TestCompleteTxDoesNotBlockAConcurrentClaim(t *testing.T) {
 	t.Logf("the concurrent Claim answered in %v; the body ran %d times", first.took, calls)
 	if n := effects(t, e.look, "k"); n != 1 {
 		t.Fatalf("%d effects, want 1", n)
+	}
+}
+
+// A body error that says the transaction is gone (NotFound naming it, as
+// the emulator answers a transaction it dropped) makes the backend run the
+// transaction again, and the writes commit once; any other body error that
+// is not Aborted is returned at once (WithRetries does not apply), the body
+// having run once.
+func TestCompleteTxRunsAgainAfterALostTransactionOnly(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	for _, c := range []struct {
+		err   error
+		calls int
+	}{
+		{status.Error(codes.NotFound, "Transaction not found: 7"), 2},
+		{status.Error(codes.Unavailable, "test: a transient failure in the body"), 1},
+	} {
+		code := status.Code(c.err)
+		cl := e.claim(t, code.String(), time.Minute)
+		calls := 0
+		ok, err := e.b.CompleteTx(ctx, cl, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+			calls++
+			if err := effect(ctx, tx, code.String()); err != nil {
+				return err
+			}
+			if calls == 1 {
+				return c.err
+			}
+			return nil
+		})
+		if calls != c.calls {
+			t.Errorf("%v: the body ran %d times, want %d", code, calls, c.calls)
+		}
+		n := effects(t, e.look, code.String())
+		if c.calls == 2 && (!ok || err != nil || n != 1) {
+			t.Errorf("%v: CompleteTx = %v, %v with %d effects; want true, nil, 1", code, ok, err, n)
+		}
+		if c.calls == 1 && (ok || spanner.ErrCode(err) != code || n != 0) {
+			t.Errorf("%v: CompleteTx = %v, %v with %d effects; want false, the body's error, 0", code, ok, err, n)
+		}
+	}
+}
+
+// The Done mark is one statement in the caller's transaction: a body with
+// one statement costs that statement, the mark's ExecuteSql and the
+// Commit, one RPC fewer than the same transaction followed by a plain
+// Complete.
+func TestCompleteTxRPCs(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c, d := e.claim(t, "tx", time.Minute), e.claim(t, "plain", time.Minute)
+	e.r.take()
+	if ok, _, err := e.completeTx(ctx, c, "", "tx"); !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	tx := e.r.take()
+	if want := []string{"ExecuteSql", "ExecuteSql", "Commit"}; !slices.Equal(tx, want) {
+		t.Errorf("CompleteTx sent %v, want %v", tx, want)
+	}
+	if _, err := e.client.ReadWriteTransaction(ctx, func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		return effect(ctx, tx, "plain")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.b.Complete(ctx, d); !ok || err != nil {
+		t.Fatalf("Complete: %v %v", ok, err)
+	}
+	if plain := e.r.take(); len(plain) != len(tx)+1 {
+		t.Errorf("a transaction and a plain Complete sent %v: want one RPC more than CompleteTx's %v", plain, tx)
 	}
 }
