@@ -160,12 +160,20 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 			return true, nil
 		case errors.Is(err, errFenced):
 			return false, nil
-		case phase == phaseCommit:
+		case phase == phaseCommit && !txLost(err):
 			return b.settle(ctx, c, err)
 		case txLost(err) && n < maxLost && ctx.Err() == nil:
+			// The transaction is gone (at the commit too: how the
+			// emulator answers a transaction a concurrent one aborted):
+			// run it again. Should that commit have landed after all,
+			// the next attempt's Done mark finds the row Done by c
+			// (tried is set) and ends with errLanded.
 			if b.policy.Wait(ctx, min(n, 6)) == nil {
 				continue
 			}
+		}
+		if phase == phaseCommit {
+			return b.settle(ctx, c, err)
 		}
 		if phase == phaseBody {
 			return false, fmt.Errorf("spannerlock: complete %q fence %d in a transaction: the body failed: %w", c.Key, c.Fence, err)

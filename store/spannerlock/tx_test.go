@@ -15,6 +15,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
 
 // The caller's own data for CompleteTx's tests: rows that carry an id,
@@ -151,6 +152,40 @@ func (e txEnv) completeTx(ctx context.Context, c store.Claim, fp, id string) (bo
 		return effect(ctx, tx, id)
 	})
 	return ok, calls, err
+}
+
+// The conformance cases of store.TxCompleter (storetest.RunTx) on the
+// emulator, in real time, each case on a database of its own with the
+// Effects table, reached through a DropProxy with Faults as TestContract's.
+func TestContractTx(t *testing.T) {
+	testsvc.Spanner(t)
+	const ttl = 10 * time.Second
+	storetest.RunTx(t, func(t *testing.T) storetest.TxHarness[*spanner.ReadWriteTransaction] {
+		addr := testsvc.Spanner(t)
+		db := txDatabase(t)
+		p := testsvc.NewDropProxy(t, addr)
+		r := &rpcs{}
+		b, err := spannerlock.New(newClient(t, db, p.Addr(), r), spannerlock.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		look := newClient(t, db, addr, &rpcs{})
+		return storetest.TxHarness[*spanner.ReadWriteTransaction]{
+			Harness: storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: faults{r: r, p: p}},
+			Write:   effect,
+			Count: func(ctx context.Context, id string) (int, error) {
+				var n int64
+				err := look.Single().Query(ctx, spanner.Statement{
+					SQL:    "SELECT COUNT(*) FROM " + txTable + " WHERE id = @id",
+					Params: map[string]any{"id": id},
+				}).Do(func(r *spanner.Row) error { return r.Columns(&n) })
+				return int(n), err
+			},
+			// The Spanner client runs the transaction again after a body
+			// that returns Aborted.
+			Retry: status.Error(codes.Aborted, "test: run the transaction again"),
+		}
+	})
 }
 
 // CompleteTx commits the body's writes and the Done mark together, and
@@ -350,11 +385,12 @@ func TestCompleteTxRetriedByTheClientCommitsTheWritesOnce(t *testing.T) {
 // again), as DeadlineExceeded or NotFound (it reaches the backend, which
 // settles by releasing the claim and reading the row), as Aborted (the
 // client runs the function again, whose Done mark finds the row done by
-// this very claim), and as a ctx that the caller cancels meanwhile (the
-// settling runs on a context of its own).
+// this very claim), as NotFound naming the transaction (the backend runs
+// the transaction again, with the same finding), and as a ctx that the
+// caller cancels meanwhile (the settling runs on a context of its own).
 func TestCompleteTxWithALostCommitReplyThatLandedIsTrue(t *testing.T) {
 	t.Parallel()
-	for _, lost := range []string{"Unavailable", "DeadlineExceeded", "NotFound", "Aborted", "Canceled"} {
+	for _, lost := range []string{"Unavailable", "DeadlineExceeded", "NotFound", "Aborted", "TransactionNotFound", "Canceled"} {
 		t.Run(lost, func(t *testing.T) {
 			t.Parallel()
 			e := newTxEnv(t)
@@ -365,6 +401,8 @@ func TestCompleteTxWithALostCommitReplyThatLandedIsTrue(t *testing.T) {
 			case "Canceled":
 				e.r.lostCode = codes.Canceled
 				e.r.whileLost = cancel
+			case "TransactionNotFound":
+				e.r.lostCode, e.r.lostMsg = codes.NotFound, "Transaction not found: 7"
 			default:
 				e.r.lostCode = map[string]codes.Code{"Unavailable": codes.Unavailable, "DeadlineExceeded": codes.DeadlineExceeded,
 					"NotFound": codes.NotFound, "Aborted": codes.Aborted}[lost]
