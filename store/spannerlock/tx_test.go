@@ -674,3 +674,24 @@ func TestCompleteTxRPCs(t *testing.T) {
 		t.Errorf("a transaction and a plain Complete sent %v: want one RPC more than CompleteTx's %v", plain, tx)
 	}
 }
+
+// The Spanner client refuses another read-write transaction under the
+// body's ctx (it does not nest transactions): the body does its
+// database's work in tx.
+func TestCompleteTxBodyCannotNestATransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	c := e.claim(t, "k", time.Minute)
+	var nested error
+	ok, err := e.b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		_, nested = e.look.ReadWriteTransaction(ctx, func(context.Context, *spanner.ReadWriteTransaction) error { return nil })
+		return effect(ctx, tx, "k")
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if spanner.ErrCode(nested) != codes.FailedPrecondition {
+		t.Fatalf("a transaction under the body's ctx: %v, want FailedPrecondition (nested transactions)", nested)
+	}
+}
