@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if testsvc.IsRaceChild() {
 		os.Exit(raceChild())
 	}
+	if os.Getenv(crashChildEnv) != "" {
+		os.Exit(crashChild())
+	}
 	// The contract suite's cases mostly wait for leases and ttls to lapse
 	// in real time: run them side by side, beyond GOMAXPROCS, unless
 	// -parallel says otherwise.

@@ -1,9 +1,12 @@
 package spannerlock_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"testing"
 	"time"
@@ -693,5 +696,87 @@ func TestCompleteTxBodyCannotNestATransaction(t *testing.T) {
 	}
 	if spanner.ErrCode(nested) != codes.FailedPrecondition {
 		t.Fatalf("a transaction under the body's ctx: %v, want FailedPrecondition (nested transactions)", nested)
+	}
+}
+
+// crashChildEnv names, in the environment of a child of
+// TestCompleteTxKilledBeforeTheCommitLeavesNeither, the key it claims
+// (HELPER_DB names the database).
+const crashChildEnv = "SPANNERLOCK_CRASH_CHILD"
+
+// crashChild claims the key, runs CompleteTx with a body that writes one
+// effect carrying the key, says "written" on stdout and waits to be
+// killed. It returns an exit code for TestMain.
+func crashChild() int {
+	ctx := context.Background()
+	key := os.Getenv(crashChildEnv)
+	b, err := spannerlock.Dial(ctx, os.Getenv("HELPER_DB"))
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	res, err := b.Claim(ctx, key, 2*time.Second)
+	if err != nil || res.Outcome != store.Won {
+		fmt.Println("claim:", res.Outcome, err)
+		return 1
+	}
+	_, err = b.CompleteTx(ctx, res.Claim, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		if err := effect(ctx, tx, key); err != nil {
+			return err
+		}
+		fmt.Println("written")
+		select {} // SIGKILL comes here, before the Done mark and the commit
+	})
+	fmt.Println("CompleteTx returned:", err)
+	return 1
+}
+
+// A process killed (SIGKILL) between the body's last write and the commit
+// leaves neither the effect nor the Done mark: the key stays claimed until
+// the lease lapses, and the next delivery claims it with a higher fence
+// and commits its own effect, once.
+func TestCompleteTxKilledBeforeTheCommitLeavesNeither(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	e := newTxEnv(t)
+	db := e.look.DatabaseName()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashChildEnv+"=k", "HELPER_DB="+db)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if line != "written\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("the child said %q (%v), want written", line, err)
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if n := effects(t, e.look, "k"); n != 0 {
+		t.Fatalf("%d effects after the kill, want 0", n)
+	}
+	r := readRecord(t, e.look, "k")
+	if r.state != 1 || r.fence != 1 {
+		t.Fatalf("the row after the kill: %+v; want claimed with fence 1", r)
+	}
+	time.Sleep(time.Until(r.lease) + 10*time.Millisecond)
+	res, err := e.other.Claim(ctx, "k", time.Minute)
+	if err != nil || res.Outcome != store.Won || res.Claim.Fence != 2 {
+		t.Fatalf("the next delivery's claim: %+v %v; want won with fence 2", res, err)
+	}
+	if ok, err := e.other.CompleteTx(ctx, res.Claim, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		return effect(ctx, tx, "k")
+	}); !ok || err != nil {
+		t.Fatalf("the next delivery's CompleteTx: %v %v", ok, err)
+	}
+	if n := effects(t, e.look, "k"); n != 1 {
+		t.Fatalf("%d effects after the next delivery, want 1", n)
 	}
 }
