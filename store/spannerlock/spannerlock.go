@@ -64,6 +64,9 @@
 //     plus, when it found some, 3 per batch of up to 1,000 (a query for
 //     CURRENT_TIMESTAMP() that begins the transaction, a read of those
 //     rows by key, a Commit deleting those still expired).
+//   - CompleteTx: the body's own RPCs plus an ExecuteSql (the Done mark's
+//     DML statement) and the Commit they share (TestCompleteTxRPCs): one
+//     RPC fewer than the body's transaction followed by Complete.
 //
 // Contention adds round trips: Spanner aborts one of two transactions that
 // touch the same row, and the client runs the loser again.
