@@ -104,13 +104,15 @@ const opTimeout = 10 * time.Second
 //
 // What a correct backend may do and the check allows: stamp a call with any
 // instant of its window, not necessarily in the order in which it
-// serializes the calls (a database's statement time); refuse a Complete,
-// Release or Extend whose fence matches a record created afresh after the
-// old one expired, when it also checks the claim token; and, when it
+// serializes the calls (a database's statement time); and, when it
 // retries inside a call, win or extend once before the answer it gives
 // (Won, or an Extend's answer), or find its own claim and renew its lease.
 // It never allows a Claim to answer HeldByOther or AlreadyDone when the
-// call may have won.
+// call may have won, nor a Complete, Release or Extend to act on a record
+// whose fence matches but whose claim token does not: after a record is
+// deleted past its expires-at (by PurgeExpired, or by the storage itself,
+// as Redis does) the next Claim starts again at fence 1, and a holder from
+// before the deletion carries that fence with another token.
 //
 // h must be valid for Run. When h.Faults is set, the backend and its fault
 // path must not be shared with other tests running at the same time.
