@@ -195,25 +195,35 @@ func jumpThenClaim(t *testing.T, e *env) {
 
 // jumpThenComplete: a key completed after the server's clock jumped stays
 // done for the ttl from its completion, by the server's new time, and not
-// a nanosecond longer.
+// a nanosecond longer: a key claimed after the jump, and one claimed before
+// it (its holder completes across the jump).
 func jumpThenComplete(t *testing.T, e *env) {
 	eachJump(t, e, func(t *testing.T, e *env, jump func()) {
+		early := e.won(e.key(), e.long())
 		jump()
-		// The claim's own lease is the other case's business.
+		// The claim's own lease is the other cases' business. Both
+		// completions follow the jump at once, while whatever the backend
+		// estimated of the server's time before it is still recent.
 		c, _, _ := e.claimFresh(e.long())
-		e.pass(e.short())
+		eBefore, eAfter := e.completeAgain(early)
 		before, after := e.completeAgain(c)
-		r := e.claim(c.Key, e.long())
-		if r.Outcome == store.Won {
-			t.Fatalf("a done key re-run within its ttl: completed at fence %d between %v and %v (the server's time), "+
-				"ttl %v; a Claim %v later won fence %d",
-				c.Fence, before, after, e.h.TTL, e.h.Now().Sub(after).Round(time.Millisecond), r.Claim.Fence)
-		}
-		if r.Outcome != store.AlreadyDone {
-			t.Fatalf("Claim of the key completed after the jump: %v, want already done", r.Outcome)
-		}
-		if !r.Until.IsZero() {
-			e.within("AlreadyDone.Until after the jump", r.Until, before.Add(e.h.TTL), after.Add(e.h.TTL))
+		for _, k := range []struct {
+			what          string
+			c             store.Claim
+			before, after time.Time
+		}{{"claimed before the jump", early, eBefore, eAfter}, {"claimed after the jump", c, before, after}} {
+			r := e.claim(k.c.Key, e.long())
+			if r.Outcome == store.Won {
+				t.Fatalf("a done key re-run within its ttl: a key %s, completed at fence %d between %v and %v (the server's time), "+
+					"ttl %v; a Claim %v later won fence %d",
+					k.what, k.c.Fence, k.before, k.after, e.h.TTL, e.h.Now().Sub(k.after).Round(time.Millisecond), r.Claim.Fence)
+			}
+			if r.Outcome != store.AlreadyDone {
+				t.Fatalf("Claim of a key %s and completed after it: %v, want already done", k.what, r.Outcome)
+			}
+			if !r.Until.IsZero() {
+				e.within("AlreadyDone.Until after the jump", r.Until, k.before.Add(e.h.TTL), k.after.Add(e.h.TTL))
+			}
 		}
 		if end := before.Add(e.h.TTL); e.justBefore(end) {
 			r := e.claim(c.Key, e.long())
