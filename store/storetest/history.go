@@ -63,6 +63,14 @@ type HistoryOptions struct {
 	// still take effect (a request already on its way to the server when
 	// its connection was cut). Default two Steps.
 	LateWrite time.Duration
+
+	// MinRestarts, when positive, fails the run unless at least that many
+	// claims won fence 1 on a key that had had a higher fence: a record
+	// deleted after its expires-at and claimed afresh. A backend whose
+	// storage deletes expired records by itself (Redis) sets it to show
+	// that the run met deletions, and so checked that a claim from before
+	// a deletion, with the same fence and another token, changes nothing.
+	MinRestarts int
 }
 
 // opTimeout bounds one call of the run in real time.
@@ -260,6 +268,10 @@ func checkHistory(t historyT, h Harness, o HistoryOptions) historyStats {
 	default:
 		t.Error(m.counterexample(ops))
 		return st
+	}
+	if st.restarts < o.MinRestarts {
+		t.Errorf("history: %d fences restarted at 1, want at least %d: too few records were deleted after their expires-at during the run",
+			st.restarts, o.MinRestarts)
 	}
 	if o.Ops >= 5000 && (st.lapses == 0 || st.ttlEnds == 0) {
 		t.Errorf("history: no lease lapsed (%d) or no ttl ended (%d) during the run, so it proved little: "+
