@@ -2,7 +2,6 @@ package testsvc
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"sync"
@@ -150,43 +149,4 @@ func MariaDBOnFakeClock(t testing.TB) (string, *FakeClock) {
 	return mariaDBFake.get(t, "testsvc-mariadb-faketime-", func(dir string, env []string) (*Process, string, error) {
 		return startMariaDB(bin, dir, env...)
 	})
-}
-
-var (
-	spannerFake     fakeClockServer
-	spannerFakeREST string
-)
-
-// SpannerOnFakeClock is [PostgresOnFakeClock] for the Spanner emulator
-// (emulator_main reads the clock libfaketime moves): it returns the
-// emulator's gRPC address and a database of the test's own in
-// [SpannerInstance], created with ddl and dropped when the test ends.
-func SpannerOnFakeClock(t testing.TB, ddl ...string) (addr, db string, clock *FakeClock) {
-	t.Helper()
-	bin := SpannerEmulator()
-	if !spannerFileExists(bin) {
-		Missing(t, "the Spanner emulator", spannerHow)
-	}
-	addr, clock = spannerFake.get(t, "testsvc-spanner-faketime-", func(dir string, env []string) (*Process, string, error) {
-		p, addr, rest, err := startSpanner(bin, dir, env...)
-		if err != nil {
-			return nil, "", err
-		}
-		if err := spannerInstance(rest); err != nil {
-			p.Kill()
-			return nil, "", err
-		}
-		spannerFakeREST = rest
-		return p, addr, nil
-	})
-	id := fmt.Sprintf("t%016x", rand.Uint64())
-	if _, err := spannerCall("POST", spannerFakeREST, "/v1/"+SpannerInstance+"/databases", map[string]any{
-		"createStatement": "CREATE DATABASE `" + id + "`",
-		"extraStatements": ddl,
-	}); err != nil {
-		t.Fatalf("creating Spanner database %s: %v", id, err)
-	}
-	db = SpannerInstance + "/databases/" + id
-	t.Cleanup(func() { spannerCall("DELETE", spannerFakeREST, "/v1/"+db, nil) })
-	return addr, db, clock
 }

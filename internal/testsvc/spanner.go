@@ -115,9 +115,8 @@ func StartSpanner(t testing.TB) (p *Process, rest string) {
 }
 
 // startSpanner starts gateway_main on two free loopback ports (gRPC and
-// REST), with env (KEY=value) added to its environment and its child's,
-// and waits until its REST side answers.
-func startSpanner(bin, dir string, env ...string) (p *Process, addr, rest string, err error) {
+// REST) and waits until its REST side answers.
+func startSpanner(bin, dir string) (p *Process, addr, rest string, err error) {
 	grpcPort, addr, err := freeAddr()
 	if err != nil {
 		return nil, "", "", err
@@ -132,14 +131,7 @@ func startSpanner(bin, dir string, env ...string) (p *Process, addr, rest string
 		"--http_port", strconv.Itoa(restPort),
 		"--copy_emulator_stdout",
 	}
-	p = &Process{Name: "spanner-emulator", Addr: addr, args: args, bin: bin, dir: dir}
-	if len(env) > 0 {
-		p.prepare = func(cmd *exec.Cmd) error {
-			cmd.Env = append(os.Environ(), env...)
-			return nil
-		}
-	}
-	p, err = p.launch(func(string) error {
+	p, err = Start("spanner-emulator", bin, dir, addr, args, func(string) error {
 		_, err := spannerCall("GET", rest, "/v1/projects/"+SpannerProject+"/instances", nil)
 		return err
 	})

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"cloud.google.com/go/spanner"
-
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
@@ -26,31 +24,8 @@ func TestContract(t *testing.T) {
 			return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: historyOps}
 		}
 		b, f := contractBackend(t, spannerlock.WithTTL(ttl))
-		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: historyOps, ServerClock: jumpHarness}
+		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: historyOps}
 	})
-}
-
-// jumpHarness is the contract suite's backend on a server clock that jumps
-// (storetest.JumpHarness): a database on an emulator of its own started
-// under libfaketime, whose CURRENT_TIMESTAMP() and commit timestamps read
-// the clock the suite jumps, reached through a DropProxy.
-func jumpHarness(t *testing.T) storetest.JumpHarness {
-	const ttl = 10 * time.Second
-	schema, err := spannerlock.New(&spanner.Client{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, db, clock := testsvc.SpannerOnFakeClock(t, schema.Schema())
-	p := testsvc.NewDropProxy(t, addr)
-	r := &rpcs{}
-	b, err := spannerlock.New(newClient(t, db, p.Addr(), r), spannerlock.WithTTL(ttl))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return storetest.JumpHarness{
-		Harness: storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Now: clock.Now, Faults: faults{r: r, p: p}},
-		Jump:    clock.Jump,
-	}
 }
 
 const (
