@@ -23,7 +23,7 @@ func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := newClock()
 		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f}
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f, ServerClock: jumpHarness}
 	})
 }
 

@@ -25,7 +25,7 @@ func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		server := newClock()
 		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, ServerClock: jumpHarness}
 	})
 }
 

@@ -11,7 +11,14 @@ import (
 )
 
 // The contract suite on the emulator, in real time: Spanner's clock judges
-// every lease, so the suite waits instead of moving a clock. Each case has
+// every lease, so the suite waits instead of moving a clock. The harness
+// has no ServerClock, so the cases about a server clock that jumps skip:
+// started under libfaketime, emulator_main did not follow the jumps (after
+// a jump of 2h ahead, a claim still reported a lease from this machine's
+// time; after the clock was set back to this machine's, the next claim
+// reported one from two hours behind it), and the emulator has no other
+// way to move its clock. spannerlock reads no clock of the client's: every
+// instant is CURRENT_TIMESTAMP() or a commit timestamp. Each case has
 // a database of its own (the emulator runs one read-write transaction at
 // a time per database); the history case, whose 150 clients would queue
 // on one database, has historyShards, each key always on the same one.

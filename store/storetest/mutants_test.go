@@ -103,6 +103,17 @@ var mutants = map[string][]string{
 	"complete answers true when its reply was lost":   {"a_complete_whose_reply_was_lost_is_safe_to_retry"},
 	"a cut claim reports won without writing":         {"calls_cut_mid_flight_win_nothing_twice_and_converge"},
 
+	// A server clock that jumps (Harness.ServerClock): the mutant's clock
+	// is its server's, and its client's clock is that minus every jump.
+	"writes trust a server-time estimate from before a jump": {
+		"a_claim_won_after_the_server_clock_jumped_is_held_for_its_lease",
+		"a_key_completed_after_the_server_clock_jumped_is_done_for_its_ttl",
+	},
+	"every instant comes from the client's clock": {
+		"a_claim_won_after_the_server_clock_jumped_is_held_for_its_lease",
+		"a_key_completed_after_the_server_clock_jumped_is_done_for_its_ttl",
+	},
+
 	// Payload fingerprints (store.Fingerprinter).
 	"complete with a fingerprint drops it":                    {"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done", "fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen"},
 	"a complete with a fingerprint counts the ttl from claim": {"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done"},
@@ -133,6 +144,40 @@ type mutant struct {
 	lose   bool
 
 	cuts atomic.Int64 // calls still to fail after CutConnections
+
+	// jumped is how far the server's clock (clock) has jumped away from the
+	// client's; est is the estimate of that a write trusts, once made.
+	jumped, est time.Duration
+	estSet      bool
+}
+
+// Jump moves the server's clock by d; the client's clock stays.
+func (m *mutant) Jump(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.jumped += d
+	m.clock.Advance(d)
+}
+
+// now is the instant a call judges by, with m.mu held: the server's clock.
+func (m *mutant) now() time.Time {
+	if m.is("every instant comes from the client's clock") {
+		return m.clock.Now().Add(-m.jumped)
+	}
+	return m.clock.Now()
+}
+
+// writeBase is the instant a write bases a lease or a ttl on, with m.mu
+// held: now, but for the mutant that estimates the server's time once and
+// trusts that estimate from then on.
+func (m *mutant) writeBase(now time.Time) time.Time {
+	if !m.is("writes trust a server-time estimate from before a jump") {
+		return now
+	}
+	if !m.estSet {
+		m.est, m.estSet = m.jumped, true
+	}
+	return now.Add(m.est - m.jumped)
 }
 
 type rec struct {
@@ -301,7 +346,7 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ck := m.canon(key)
-	now := m.clock.Now()
+	now := m.now()
 	r, ok := m.recs[ck]
 	if m.is("claims race between read and write") || m.is("a loser answers from a stale snapshot") {
 		// Read, let go, then write what was decided on the read.
@@ -368,7 +413,7 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 	if m.is("claimed: a reclaim restarts the fence at 1") {
 		r.fence = 1
 	}
-	r.lease = now.Add(lease)
+	r.lease = m.writeBase(now).Add(lease)
 	if m.is("the lease is shorter than asked") {
 		r.lease = now.Add(lease * 9 / 10)
 	}
@@ -435,7 +480,7 @@ func (m *mutant) CompleteFingerprint(ctx context.Context, c store.Claim, fp stri
 }
 
 func (m *mutant) complete(c store.Claim, fp string) bool {
-	now := m.clock.Now()
+	now := m.now()
 	ck := m.canon(c.Key)
 	r, ok := m.recs[ck]
 	if !ok {
@@ -498,7 +543,7 @@ func (m *mutant) complete(c store.Claim, fp string) bool {
 	case "done: the ttl counts from the lease expiry":
 		r.expiry = r.lease.Add(m.ttl)
 	default:
-		r.expiry = now.Add(m.ttl)
+		r.expiry = m.writeBase(now).Add(m.ttl)
 	}
 	return true
 }
@@ -515,7 +560,7 @@ func (m *mutant) Release(ctx context.Context, c store.Claim) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	now := m.now()
 	ck := m.canon(c.Key)
 	r, ok := m.recs[ck]
 	switch {
@@ -570,7 +615,7 @@ func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	now := m.now()
 	r, ok := m.recs[m.canon(c.Key)]
 	switch {
 	case !ok:
@@ -587,7 +632,7 @@ func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	if m.is("extend counts from the old lease expiry") {
 		r.lease = r.lease.Add(lease)
 	} else {
-		r.lease = now.Add(lease)
+		r.lease = m.writeBase(now).Add(lease)
 	}
 	if !m.is("extend keeps the old expires-at") {
 		r.expiry = r.lease.Add(m.ttl)
@@ -608,7 +653,7 @@ func (m *mutant) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	now := m.now()
 	n := 0
 	for k, r := range m.recs {
 		if limit > 0 && n >= limit && !m.is("purge ignores the limit") {
@@ -654,6 +699,14 @@ func TestMutant(t *testing.T) {
 			Advance: clock.Advance,
 			Now:     clock.Now,
 			Faults:  m,
+			ServerClock: func(t *testing.T) storetest.JumpHarness {
+				clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+				m := &mutant{bug: bug, clock: clock, ttl: time.Hour, recs: map[string]*rec{}}
+				return storetest.JumpHarness{
+					Harness: storetest.Harness{Backend: m, TTL: m.ttl, Advance: clock.Advance, Now: clock.Now, Faults: m},
+					Jump:    m.Jump,
+				}
+			},
 		}
 	})
 }

@@ -29,8 +29,10 @@
 // backend that does not implement [store.Extender] skips the two cases about
 // Extend, one without [store.Purger] skips the case about PurgeExpired, one
 // without [store.Fingerprinter] skips the cases about payload fingerprints,
-// and a [Harness] without [Faults] skips the cases about lost replies and
-// cut connections; each skip says what it left unchecked. Every other case
+// a [Harness] without [Faults] skips the cases about lost replies and
+// cut connections, and one without ServerClock skips the cases about a
+// server clock that jumps ahead of, or behind, the client's estimate of it
+// (see [JumpHarness]); each skip says what it left unchecked. Every other case
 // runs for every backend, and the cases that also touch an optional method
 // (invalid keys, cancelled contexts, a claim from before a deletion, the
 // history check) call it only when the backend has it.
@@ -93,6 +95,17 @@ type Harness struct {
 	// slow may lower it for some of its runs, so long as one run of the
 	// backend keeps at least 10,000.
 	HistoryOps int
+
+	// ServerClock, when set, returns a backend on a server whose clock the
+	// cases about a server clock that jumps can move (see [JumpHarness]).
+	// Only those cases call it, once for a jump ahead and once for a jump
+	// behind, each with a *testing.T of its own, so a harness can start a
+	// server for them alone (one under libfaketime, say) without the other
+	// cases paying for it. Its jumps must move no other case's clock: a
+	// server shared between calls must serve one of them at a time (hold a
+	// lock until t's cleanup). Cases that need it are skipped without it;
+	// every backend that judges time by a server's clock should provide it.
+	ServerClock func(t *testing.T) JumpHarness
 }
 
 // Faults breaks the path between a backend and its server. Both methods
@@ -172,6 +185,11 @@ var rules = []rule{
 	{"invalid_fingerprints_are_refused_and_change_nothing", fpInvalid},
 	{"fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen", fpVerbatim},
 	{"a_complete_with_a_fingerprint_whose_reply_was_lost_is_safe_to_retry", fpLost},
+
+	// A server clock that jumps (Harness.ServerClock).
+	{"a_claim_won_after_the_server_clock_jumped_is_held_for_its_lease", jumpThenClaim},
+	{"a_key_completed_after_the_server_clock_jumped_is_done_for_its_ttl", jumpThenComplete},
+	{"a_claim_or_completion_from_before_the_server_clock_jumped_never_makes_two_holders", jumpAcross},
 }
 
 type env struct {
@@ -289,7 +307,7 @@ func (e *env) justBefore(instant time.Time) bool {
 		e.moveTo(instant.Add(-time.Nanosecond))
 		return true
 	}
-	d := time.Until(instant.Add(-e.h.Step))
+	d := instant.Add(-e.h.Step).Sub(e.h.Now())
 	if d < 0 {
 		e.t.Logf("real time already passed %v minus a Step; check skipped", instant)
 		return false
@@ -319,7 +337,7 @@ func (e *env) at(instant time.Time) {
 		e.moveTo(instant)
 		return
 	}
-	time.Sleep(time.Until(instant.Add(e.h.Step)))
+	time.Sleep(instant.Add(e.h.Step).Sub(e.h.Now()))
 }
 
 func (e *env) moveTo(instant time.Time) {
