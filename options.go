@@ -194,7 +194,9 @@ func OnDuplicate(hook func(ctx context.Context, key string) error) Option {
 // before another delivery may take it over. It must exceed the longest run
 // of the guarded work. The default is [store.DefaultLease] (15 minutes). A
 // lease that is not positive makes [Lock] and [Mutex] return an error
-// wrapping [store.ErrInvalidLease], and makes [Idempotent] panic.
+// wrapping [store.ErrInvalidLease], and makes [Idempotent] panic. Any
+// positive lease is honoured, up to math.MaxInt64 (see
+// [store.ValidateLease]).
 func WithLease(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.lease = d })
 }
