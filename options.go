@@ -232,7 +232,8 @@ func OnDuplicate(hook func(ctx context.Context, key string) error) Option {
 // of the guarded work. The default is [store.DefaultLease] (15 minutes). A
 // lease shorter than [MinLease] (100 ms; zero and negative included) makes
 // [Lock] and [Mutex] return an error wrapping [store.ErrInvalidLease], and
-// makes [Idempotent] panic.
+// makes [Idempotent] panic. Any longer lease is honoured, up to
+// math.MaxInt64 (see [store.ValidateLease]).
 func WithLease(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.lease = d })
 }

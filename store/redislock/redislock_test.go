@@ -143,6 +143,7 @@ func harness(connect func(t *testing.T) (redis.Scripter, storetest.Faults)) func
 			TTL:     ttl,
 			Step:    100 * time.Millisecond,
 			Faults:  faults,
+			WithTTL: func(ttl time.Duration) store.Backend { return newBackend(t, c, redislock.WithTTL(ttl)) },
 		}
 	}
 }

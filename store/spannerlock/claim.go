@@ -69,7 +69,6 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err := store.ValidateLease(lease); err != nil {
 		return store.Result{}, err
 	}
-	lease = ceilMicros(lease)
 	token := store.NewToken()
 	var (
 		res store.Result
@@ -146,11 +145,14 @@ func (b *Backend) decide(key, token string, lease time.Duration, r row, maybe []
 			return store.Result{}, nil, fmt.Errorf("%w (a write of fence %d whose lease ended at %v may have applied; the row has fence %d now)", errUnknown, a.fence, a.expiry, r.fence)
 		}
 	}
-	expiry := now.Add(lease)
+	// The port's arithmetic: rounded up to whole microseconds, capped at
+	// store.MaxInstant, never wrapped.
+	expiry := store.Instant(now, time.Microsecond, lease)
+	expires := store.Instant(expiry, time.Microsecond, b.ttl)
 	vals := func(fence int64) []any {
 		// A claim starts without a fingerprint: a reclaim clears the
 		// one an earlier life of the row left.
-		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expiry.Add(b.ttl), token, spanner.NullString{}}
+		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expires, token, spanner.NullString{}}
 	}
 	switch {
 	case !r.present:

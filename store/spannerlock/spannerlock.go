@@ -147,7 +147,11 @@ type Option func(*Backend)
 func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default [store.DefaultTTL].
+// a claimed record outlives its lease. Default [store.DefaultTTL]. Any
+// positive ttl is honoured, rounded up to a whole microsecond, and so is
+// any positive lease: neither wraps, and math.MaxInt64 for both (a record
+// that expires about 584 years from now) is well within Spanner's
+// TIMESTAMP, which ends with the year 9999.
 func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl } }
 
 // WithRetries sets how many times a call runs its transaction again after
@@ -255,7 +259,6 @@ func configure(opts []Option) (*Backend, error) {
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("spannerlock: %w", err)
 	}
-	b.ttl = ceilMicros(b.ttl)
 	if !identifier.MatchString(b.table) {
 		return nil, fmt.Errorf("spannerlock: invalid table name %q", b.table)
 	}
@@ -276,20 +279,14 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// TTL returns the ttl the backend applies.
+// TTL returns the ttl the backend applies, as configured; instants are
+// computed with it rounded up to a whole microsecond.
 func (b *Backend) TTL() time.Duration { return b.ttl }
 
 // Table returns the name of the backend's table.
 func (b *Backend) Table() string { return b.table }
 
-// ceilMicros rounds d up to a whole microsecond, the precision of
-// CURRENT_TIMESTAMP() and of the INTERVAL arithmetic the DML uses.
-func ceilMicros(d time.Duration) time.Duration {
-	if r := d % time.Microsecond; r != 0 {
-		d += time.Microsecond - r
-	}
-	return d
-}
-
-// micros is d in whole microseconds, rounded up.
-func micros(d time.Duration) int64 { return int64(ceilMicros(d) / time.Microsecond) }
+// micros is d in whole microseconds, rounded up (the precision of
+// CURRENT_TIMESTAMP() and of the INTERVAL arithmetic the DML uses),
+// without overflow: store.CeilUnits.
+func micros(d time.Duration) int64 { return store.CeilUnits(d, time.Microsecond) }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
@@ -30,8 +31,19 @@ func TestContract(t *testing.T) {
 			b, f := shardedBackend(t, historyShards, spannerlock.WithTTL(ttl))
 			return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: historyOps}
 		}
-		b, f := contractBackend(t, spannerlock.WithTTL(ttl))
-		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: historyOps}
+		p := testsvc.NewDropProxy(t, testsvc.Spanner(t))
+		r := &rpcs{}
+		c := newClient(t, database(t), p.Addr(), r)
+		// Backends with other ttls share the client, and so the
+		// database and its table.
+		withTTL := func(ttl time.Duration) store.Backend {
+			b, err := spannerlock.New(c, spannerlock.WithTTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b
+		}
+		return storetest.Harness{Backend: withTTL(ttl), TTL: ttl, Step: ttl / 10, Faults: faults{r: r, p: p}, HistoryOps: historyOps, WithTTL: withTTL}
 	})
 }
 

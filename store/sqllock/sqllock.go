@@ -67,7 +67,11 @@ type Option func(*Backend)
 func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default store.DefaultTTL.
+// a claimed record outlives its lease. Default store.DefaultTTL. Any
+// positive ttl is honoured, rounded up to a whole millisecond, and so is
+// any positive lease: the table keeps instants as BIGINT milliseconds,
+// which hold now + the longest lease + the longest ttl (math.MaxInt64
+// each, about 292 years) with room to spare, so none is capped or refused.
 func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl } }
 
 // WithRetries sets how many more times an operation is sent, with the same
@@ -247,7 +251,10 @@ func firstLine(s string) string {
 	return s
 }
 
-func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+// millis is d in whole milliseconds, rounded up, the unit of the table's
+// instants; store.CeilUnits never overflows, so a duration near
+// math.MaxInt64 cannot wrap into the past.
+func millis(d time.Duration) int64 { return store.CeilUnits(d, time.Millisecond) }
 
 // preparing is one statement's prepare: the first caller that needs the
 // statement runs it, later callers wait for ready (or for their own ctx).

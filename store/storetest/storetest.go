@@ -13,6 +13,9 @@
 //				Advance: clock.Advance, // or nil, with a short TTL, for a server's clock
 //				Now:     clock.Now,
 //				Faults:  proxy, // breaks the path to b's server; nil skips those cases
+//				WithTTL: func(ttl time.Duration) store.Backend { // nil skips one case
+//					return mybackend.New(db, mybackend.WithClock(clock.Now), mybackend.WithTTL(ttl))
+//				},
 //			}
 //		})
 //	}
@@ -30,9 +33,10 @@
 // Extend, one without [store.Purger] skips the case about PurgeExpired, one
 // without [store.Fingerprinter] skips the cases about payload fingerprints,
 // a [Harness] without [Faults] skips the cases about lost replies and
-// cut connections, and one without ServerClock skips the cases about a
-// server clock that jumps ahead of, or behind, the client's estimate of it
-// (see [JumpHarness]); each skip says what it left unchecked. Every other case
+// cut connections, one without [Harness].WithTTL the case about ttls at
+// the limit of time.Duration, and one without ServerClock the cases about
+// a server clock that jumps ahead of, or behind, the client's estimate of
+// it (see [JumpHarness]); each skip says what it left unchecked. Every other case
 // runs for every backend, and the cases that also touch an optional method
 // (invalid keys, cancelled contexts, a claim from before a deletion, the
 // history check) call it only when the backend has it.
@@ -88,6 +92,15 @@ type Harness struct {
 	// Harness's Backend only (a proxy per case, for example): cases run in
 	// parallel, and a reply lost on another case's call fails that case.
 	Faults Faults
+
+	// WithTTL, when set, returns a backend like Backend that applies ttl
+	// instead of TTL, on the same clock (Advance moves it, Now reads it);
+	// it may keep its records apart from Backend's or share its storage.
+	// The case about ttls at the limit of time.Duration
+	// (ttls_at_their_limit_never_expire_a_record_early) builds its
+	// backends with it, and is skipped without it; every backend with a
+	// ttl option should provide it.
+	WithTTL func(ttl time.Duration) store.Backend
 
 	// HistoryOps is how many calls the history case
 	// (concurrent_histories_are_linearizable_with_leases_that_lapse, see
@@ -177,6 +190,9 @@ var rules = []rule{
 	{"purge_removes_only_expired_records", purge},
 	{"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record", claimFromBeforeDeletion},
 	{"concurrent_histories_are_linearizable_with_leases_that_lapse", historyCase},
+	{"leases_at_their_limit_never_expire_a_claim_early", leaseLimits},
+	{"extends_at_their_limit_never_expire_a_claim_early", extendLimits},
+	{"ttls_at_their_limit_never_expire_a_record_early", ttlLimits},
 	{"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done", fpReported},
 	{"a_plain_complete_stores_no_fingerprint", fpPlain},
 	{"a_retried_complete_with_the_same_fence_keeps_the_first_fingerprint", fpRetried},
@@ -280,7 +296,7 @@ func (e *env) claim(key string, lease time.Duration) store.Result {
 	if r.Outcome == store.Won {
 		// The new lease runs for lease from the backend's now, which lies
 		// within the call.
-		e.within("Claim.LeaseExpiry", r.Claim.LeaseExpiry, before.Add(lease), after.Add(lease))
+		e.within("Claim.LeaseExpiry", r.Claim.LeaseExpiry, store.Instant(before, 0, lease), store.Instant(after, 0, lease))
 	}
 	return r
 }

@@ -40,7 +40,8 @@ func TestSuiteOn(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 		s := fake.New(fake.WithClock(clock.Now))
-		h := storetest.Harness{Backend: s, TTL: store.DefaultTTL, Advance: clock.Advance, Now: clock.Now, Faults: s}
+		h := storetest.Harness{Backend: s, TTL: store.DefaultTTL, Advance: clock.Advance, Now: clock.Now, Faults: s,
+			WithTTL: func(ttl time.Duration) store.Backend { return fake.New(fake.WithClock(clock.Now), fake.WithTTL(ttl)) }}
 		// The fake's clock is its server's: a jump moves what it judges by.
 		h.ServerClock = func(t *testing.T) storetest.JumpHarness {
 			clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
@@ -53,7 +54,7 @@ func TestSuiteOn(t *testing.T) {
 		switch kind {
 		case "full":
 		case "minimal":
-			h.Backend, h.Faults, h.ServerClock = minimal{s}, nil, nil
+			h.Backend, h.Faults, h.ServerClock, h.WithTTL = minimal{s}, nil, nil, nil
 		default:
 			t.Fatalf("STORETEST_BACKEND=%q, want full or minimal", kind)
 		}
@@ -72,6 +73,8 @@ func TestOptionalCasesSkipWithTheirReasonAndNoOthers(t *testing.T) {
 		"extend_renews_only_the_current_claim":                               "does not implement store.Extender: Extend is not checked",
 		"an_extended_record_outlives_its_new_lease_by_the_ttl":               "does not implement store.Extender: Extend is not checked",
 		"purge_removes_only_expired_records":                                 "does not implement store.Purger: PurgeExpired is not checked",
+		"extends_at_their_limit_never_expire_a_claim_early":                  "does not implement store.Extender: Extend is not checked",
+		"ttls_at_their_limit_never_expire_a_record_early":                    "Harness.WithTTL is nil: ttls at the limit of time.Duration are not checked",
 		"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done": "Harness.Faults is nil: retry safety",
 		"a_complete_whose_reply_was_lost_is_safe_to_retry":                   "Harness.Faults is nil: retry safety",
 		"a_release_whose_reply_was_lost_is_safe_to_retry":                    "Harness.Faults is nil: retry safety",

@@ -51,7 +51,17 @@ func TestContract(t *testing.T) {
 				db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
 				h.Faults = proxy
 			}
-			h.Backend = e.backend(t, db, sqllock.WithTTL(ttl))
+			b := e.backend(t, db, sqllock.WithTTL(ttl))
+			h.Backend = b
+			// On the same table: a purge by either backend sees the
+			// other's records.
+			h.WithTTL = func(ttl time.Duration) store.Backend {
+				o, err := sqllock.New(db, e.dialect, sqllock.WithTable(tableOf(b)), sqllock.WithTTL(ttl))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			}
 			h.ServerClock = jumpHarness(e)
 			return h
 		})
