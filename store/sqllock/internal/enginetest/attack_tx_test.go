@@ -97,3 +97,89 @@ func TestAttackLockTxWithHeartbeatCommitsABodyLongerThanAHeartbeat(t *testing.T)
 		})
 	}
 }
+
+// A body whose statement fails inside the transaction, and which goes on
+// (the failed write was optional: an audit row, a cache table), returns
+// nil. On PostgreSQL any failure aborts the transaction, so the mark's
+// UPDATE fails and nothing commits (a nack). On MariaDB a deadlock rolls
+// back the WHOLE transaction, the body's earlier writes with it, while
+// the session carries on: the mark's UPDATE and the COMMIT then succeed
+// on their own. CompleteTx answers true (ack) with the Done mark and
+// without the body's effect: a lost delivery.
+func TestAttackCompleteTxBodyThatSwallowsADeadlockDoesNotAckLostWrites(t *testing.T) {
+	eachEngine(t, []engine{mariadb}, func(t *testing.T, e engine) {
+		db, b := e.fresh(t, nil)
+		s := newSink(t, e, db)
+		ctx := t.Context()
+		table := fmt.Sprintf("d_%016x", rand.Uint64())
+		if _, err := db.Exec("CREATE TABLE " + table + " (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)"); err != nil {
+			t.Fatal(err)
+		}
+		heavy := fmt.Sprintf("h_%016x", rand.Uint64())
+		if _, err := db.Exec("CREATE TABLE " + heavy + " (id INTEGER NOT NULL)"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec("INSERT INTO " + table + " (id, v) VALUES (1, 0), (2, 0)"); err != nil {
+			t.Fatal(err)
+		}
+		bump := rebind(e, "UPDATE "+table+" SET v = v + 1 WHERE id = ?")
+		c := mustWin(t, b, "k", time.Minute)
+		bodyHolds, otherHolds, otherWaits := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+		var swallowed error
+		ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
+			if swallowed != nil {
+				return nil // a retry: the test looks at the first attempt
+			}
+			if err := s.write(ctx, tx, "k"); err != nil { // the effect
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, bump, 1); err != nil {
+				return err
+			}
+			close(bodyHolds)
+			// Another transaction, heavier (so that InnoDB picks the body
+			// as the deadlock's victim), holds row 2 and waits for row 1.
+			go func() {
+				otx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					otherWaits <- err
+					return
+				}
+				defer otx.Rollback()
+				for i := range 50 {
+					if _, err := otx.ExecContext(ctx, rebind(e, "INSERT INTO "+heavy+" (id) VALUES (?)"), i); err != nil {
+						otherWaits <- err
+						return
+					}
+				}
+				if _, err := otx.ExecContext(ctx, bump, 2); err != nil {
+					otherWaits <- err
+					return
+				}
+				close(otherHolds)
+				_, err = otx.ExecContext(ctx, bump, 1)
+				if err == nil {
+					err = otx.Commit()
+				}
+				otherWaits <- err
+			}()
+			<-otherHolds
+			time.Sleep(200 * time.Millisecond) // the other waits for row 1
+			// The optional write: it deadlocks; the body logs and goes on.
+			_, swallowed = tx.ExecContext(ctx, bump, 2)
+			if swallowed == nil {
+				return fmt.Errorf("the body's second update did not deadlock")
+			}
+			var inTx int
+			if err := tx.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&inTx); err != nil {
+				return err
+			}
+			t.Logf("the body's optional update failed (swallowed): %v; @@in_transaction = %d", swallowed, inTx)
+			return nil
+		})
+		t.Logf("CompleteTx: %v %v; the other transaction: %v", ok, err, <-otherWaits)
+		if n := s.rows(t, "k"); ok && n != 1 {
+			t.Fatalf("CompleteTx answered true (ack) but the body's effect has %d rows, want 1: the delivery is lost", n)
+		}
+	})
+}
