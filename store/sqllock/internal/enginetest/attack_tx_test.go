@@ -183,3 +183,64 @@ func TestAttackCompleteTxBodyThatSwallowsADeadlockDoesNotAckLostWrites(t *testin
 		}
 	})
 }
+
+// Whatever a body does to its transaction or however it ends, CompleteTx
+// (through LockTx) gives the connection back: with a pool of one
+// connection, a LockTx of another key right after answers within seconds,
+// and no connection is left in use.
+func TestAttackLockTxLeaksNoConnection(t *testing.T) {
+	eachEngine(t, networked, func(t *testing.T, e engine) {
+		db := e.open(t, e.dsn(t), nil)
+		db.SetMaxOpenConns(1)
+		b := e.backend(t, db)
+		s := newSink(t, e, e.open(t, e.dsn(t), nil))
+		bodies := map[string]func(ctx context.Context, tx *sql.Tx) error{
+			"panic": func(ctx context.Context, tx *sql.Tx) error {
+				s.write(ctx, tx, "x")
+				panic("boom")
+			},
+			"commits-itself": func(ctx context.Context, tx *sql.Tx) error {
+				return tx.Commit()
+			},
+			"rolls-back-itself": func(ctx context.Context, tx *sql.Tx) error {
+				return tx.Rollback()
+			},
+			"leaves-rows-open": func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.QueryContext(ctx, "SELECT 1 UNION ALL SELECT 2")
+				return err
+			},
+			"returns-wrapped-txdone": func(ctx context.Context, tx *sql.Tx) error {
+				return fmt.Errorf("wrapped: %w", sql.ErrTxDone)
+			},
+			"uses-tx-after-return": func(ctx context.Context, tx *sql.Tx) error {
+				go func() {
+					time.Sleep(50 * time.Millisecond)
+					tx.ExecContext(context.Background(), s.ins, "late")
+				}()
+				return nil
+			},
+		}
+		for name, body := range bodies {
+			t.Run(name, func(t *testing.T) {
+				key := fmt.Sprintf("%s-%016x", name, rand.Uint64())
+				func() {
+					defer func() { recover() }()
+					err := idempotency.LockTx(t.Context(), b, key, body)
+					t.Logf("LockTx: %v", err)
+				}()
+				time.Sleep(100 * time.Millisecond)
+				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				defer cancel()
+				if err := idempotency.LockTx(ctx, b, key+"-next", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, key+"-next") }); err != nil {
+					t.Fatalf("the next LockTx on the one-connection pool: %v", err)
+				}
+				if st := db.Stats(); st.InUse != 0 {
+					t.Fatalf("%d connections still in use", st.InUse)
+				}
+				if n := s.rows(t, "late"); n != 0 {
+					t.Fatalf("a write after the body returned committed: %d rows", n)
+				}
+			})
+		}
+	})
+}
