@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -241,6 +243,130 @@ func TestAttackLockTxLeaksNoConnection(t *testing.T) {
 					t.Fatalf("a write after the body returned committed: %d rows", n)
 				}
 			})
+		}
+	})
+}
+
+// freezeProxy forwards TCP connections to a server until frozen: then it
+// forwards nothing more in either direction and keeps every connection
+// open on the server's side, as a network partition (or a frozen client
+// host) leaves a session that the server still thinks alive.
+type freezeProxy struct {
+	ln     net.Listener
+	frozen atomic.Bool
+}
+
+func newFreezeProxy(t testing.TB, target string) *freezeProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &freezeProxy{ln: ln}
+	var held []net.Conn
+	var mu sync.Mutex
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			held = append(held, c, s)
+			mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := src.Read(buf)
+					if p.frozen.Load() {
+						return // swallow, and keep dst open
+					}
+					if n > 0 {
+						dst.Write(buf[:n])
+					}
+					if err != nil {
+						if !p.frozen.Load() {
+							dst.Close()
+						}
+						return
+					}
+				}
+			}
+			go pipe(s, c)
+			go pipe(c, s)
+		}
+	}()
+	return p
+}
+
+// A commit that never reaches the server (the client's network froze as
+// it was sent) leaves the server's transaction open, holding the row lock
+// its mark's UPDATE took. CompleteTx must settle within its bound, and a
+// concurrent duplicate's Claim of the key (another instance, whose own
+// network is fine) must not hang on that row lock: it should answer
+// (HeldByOther while the claim's lease runs) within seconds.
+//
+// On main both fail: the Claim waits on the row lock (PostgreSQL: until
+// the server drops the session, which with default settings a partition
+// does not make it do; MariaDB: innodb_lock_wait_timeout, 50 s, then an
+// error), and on MariaDB CompleteTx never returns at all, whatever ctx
+// says: go-sql-driver/mysql sends database/sql's Commit without a context
+// and, with no readTimeout in the DSN, waits for its reply forever.
+func TestAttackFrozenCommitDoesNotWedgeTheKey(t *testing.T) {
+	eachEngine(t, networked, func(t *testing.T, e engine) {
+		dsn := e.dsn(t)
+		host := serverAddr(e, dsn)
+		proxy := newFreezeProxy(t, host)
+		c := &counter{}
+		db := e.open(t, strings.Replace(dsn, host, proxy.ln.Addr().String(), 1), c)
+		b := e.backend(t, db)
+		direct := e.open(t, dsn, nil)
+		other, err := sqllock.New(direct, e.dialect, sqllock.WithTable(tableOf(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := newSink(t, e, direct)
+		mine := mustWin(t, b, "k", 2*time.Second)
+		freeze := func() { proxy.frozen.Store(true) }
+		c.beforeCommit.Store(&freeze)
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		type res struct {
+			ok  bool
+			err error
+		}
+		done := make(chan res, 1)
+		go func() {
+			ok, err := b.CompleteTx(ctx, mine, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, "k") })
+			done <- res{ok, err}
+		}()
+		time.Sleep(500 * time.Millisecond) // the commit is stuck in the frozen network
+		cctx, ccancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer ccancel()
+		start := time.Now()
+		r, err := other.Claim(cctx, "k", time.Minute)
+		t.Logf("a duplicate's Claim during the frozen commit: %v %v after %v", r.Outcome, err, time.Since(start).Round(time.Millisecond))
+		if err != nil {
+			t.Errorf("a duplicate's Claim hung on the frozen transaction's row lock: %v after %v", err, time.Since(start).Round(time.Millisecond))
+		}
+		select {
+		case r := <-done:
+			t.Logf("CompleteTx: %v %v", r.ok, r.err)
+		case <-time.After(sqllock.SettleTimeout + 10*time.Second):
+			t.Fatal("CompleteTx did not return within the settle timeout")
 		}
 	})
 }
