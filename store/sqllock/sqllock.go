@@ -47,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
@@ -86,10 +87,15 @@ type Backend struct {
 	ttl     time.Duration
 	retries int
 	txOpts  *sql.TxOptions
+	d       Dialect
 	q       dialect.Statements
 	backoff retry.Policy
 	// probe is the arguments of q.HasFingerprint.
 	probe []any
+
+	// mysqlServer is the server behind the MySQL dialect (serverUnknown
+	// until CompleteTx's first call finds it out).
+	mysqlServer atomic.Int32
 
 	mu       sync.Mutex
 	prepared map[string]*preparing
@@ -138,6 +144,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	if b.txOpts != nil && b.txOpts.ReadOnly {
 		return nil, errors.New("sqllock: WithTxOptions: a read-only transaction cannot hold the Done mark")
 	}
+	b.d = d
 	b.q = sq.Render(b.table)
 	schema, name := "", parts[len(parts)-1]
 	if len(parts) == 2 {

@@ -3,6 +3,7 @@ package enginetest
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -29,30 +30,40 @@ func leaseOf(t testing.TB, e engine, db *sql.DB, b *sqllock.Backend, key string)
 }
 
 // A transactional body that outlasts one heartbeat period, under
-// WithHeartbeat (the documented way to run work longer than the lease),
-// must still commit. The body reads (as most bodies do: a balance, a
-// stock level) before it writes, which fixes its snapshot; the heartbeat
-// then renews the lease, an UPDATE of the very record the transaction
-// marks done at its end. Wherever the mark's UPDATE refuses a row changed
-// since the snapshot (PostgreSQL at REPEATABLE READ or SERIALIZABLE,
-// MariaDB with innodb_snapshot_isolation, SQLite's stale snapshot on the
-// first write), each attempt fails, is retried with the body again, meets
-// the next renewal, and the delivery can never commit.
+// WithHeartbeat (the documented way to run work longer than the lease).
+// The body reads (as most bodies do: a balance, a stock level) before it
+// writes, which fixes its snapshot; the heartbeat then renews the lease,
+// an UPDATE of the very record the transaction marks done at its end.
+// Wherever the mark's UPDATE refuses a row changed since the snapshot
+// (PostgreSQL at REPEATABLE READ or SERIALIZABLE, MariaDB with
+// innodb_snapshot_isolation), each attempt fails, is retried with the body
+// again, and meets the next renewal: the delivery cannot commit, and
+// CompleteTx says why and what to do (sqllock.ErrSnapshotConflict) rather
+// than failing with a bare serialization error. At READ COMMITTED (the
+// advice) it commits. SQLite's transaction takes the write lock when it
+// begins: no renewal can commit during the body (the heartbeat's Extend
+// waits for the lock), so none conflicts, and the body commits.
 func TestAttackLockTxWithHeartbeatCommitsABodyLongerThanAHeartbeat(t *testing.T) {
 	type variant struct {
 		name string
 		e    engine
 		dsn  string
 		opts []sqllock.Option
+		// conflict: the body cannot commit, and the error explains it.
+		conflict bool
 	}
+	readCommitted := []sqllock.Option{sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelReadCommitted})}
 	variants := []variant{
-		{"postgres", postgres, "", nil},
-		{"postgres/repeatable-read", postgres, "", []sqllock.Option{sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelRepeatableRead})}},
-		{"postgres/serializable", postgres, "", []sqllock.Option{sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable})}},
-		{"mysql", mariadb, "", nil},
-		{"mysql/snapshot-isolation", mariadb, "innodb_snapshot_isolation=ON", nil},
-		{"sqlite", sqliteEngine, "", nil},
+		{"postgres", postgres, "", nil, false},
+		{"postgres/read-committed", postgres, "", readCommitted, false},
+		{"postgres/repeatable-read", postgres, "", []sqllock.Option{sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelRepeatableRead})}, true},
+		{"postgres/serializable", postgres, "", []sqllock.Option{sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable})}, true},
+		{"mysql", mariadb, "", nil, false},
+		{"mysql/snapshot-isolation", mariadb, "innodb_snapshot_isolation=ON", nil, true},
+		{"mysql/snapshot-isolation/read-committed", mariadb, "innodb_snapshot_isolation=ON", readCommitted, false},
+		{"sqlite", sqliteEngine, "", nil, false},
 	}
+	const heartbeat = 20 * time.Millisecond
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			e := v.e
@@ -75,9 +86,18 @@ func TestAttackLockTxWithHeartbeatCommitsABodyLongerThanAHeartbeat(t *testing.T)
 				if err := tx.QueryRowContext(ctx, s.count, key).Scan(&n); err != nil {
 					return err
 				}
+				start := leaseOf(t, e, db, b, key)
+				if e.name == "sqlite" {
+					// The transaction holds SQLite's write lock: the body goes
+					// on for ten heartbeat periods, and no renewal lands.
+					time.Sleep(10 * heartbeat)
+					if now := leaseOf(t, e, db, b, key); now != start {
+						return fmt.Errorf("the lease was renewed during the body (%d, then %d): the transaction did not hold the write lock", start, now)
+					}
+					return s.write(ctx, tx, key)
+				}
 				// The body's work lasts until the heartbeat has renewed the
 				// lease once (it would, for any body longer than a period).
-				start := leaseOf(t, e, db, b, key)
 				for deadline := time.Now().Add(10 * time.Second); leaseOf(t, e, db, b, key) == start; {
 					if time.Now().After(deadline) {
 						return fmt.Errorf("no renewal within 10s")
@@ -85,8 +105,25 @@ func TestAttackLockTxWithHeartbeatCommitsABodyLongerThanAHeartbeat(t *testing.T)
 					time.Sleep(5 * time.Millisecond)
 				}
 				return s.write(ctx, tx, key)
-			}, idempotency.WithLease(2*time.Second), idempotency.WithHeartbeat(20*time.Millisecond))
+			}, idempotency.WithLease(2*time.Second), idempotency.WithHeartbeat(heartbeat))
 			t.Logf("LockTx: %v after %d body calls", err, calls.Load())
+			if v.conflict {
+				if !errors.Is(err, sqllock.ErrSnapshotConflict) {
+					t.Fatalf("LockTx of a body longer than one heartbeat under snapshot isolation: %v, want an error wrapping ErrSnapshotConflict", err)
+				}
+				for _, says := range []string{"WithHeartbeat", "READ COMMITTED", "shorter than the heartbeat period"} {
+					if !strings.Contains(err.Error(), says) {
+						t.Errorf("the error does not mention %q", says)
+					}
+				}
+				if n := s.rows(t, key); n != 0 {
+					t.Fatalf("%d rows, want none", n)
+				}
+				if r := outcome(t, b, key); r.Outcome != store.Won {
+					t.Fatalf("after: %v, want won (the claim released, nothing marked)", r.Outcome)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatalf("LockTx of a body longer than one heartbeat: %v, want nil (committed)", err)
 			}
