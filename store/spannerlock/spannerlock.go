@@ -64,6 +64,9 @@
 //     plus, when it found some, 3 per batch of up to 1,000 (a query for
 //     CURRENT_TIMESTAMP() that begins the transaction, a read of those
 //     rows by key, a Commit deleting those still expired).
+//   - CompleteTx: the body's own RPCs plus an ExecuteSql (the Done mark's
+//     DML statement) and the Commit they share (TestCompleteTxRPCs): one
+//     RPC fewer than the body's transaction followed by Complete.
 //
 // Contention adds round trips: Spanner aborts one of two transactions that
 // touch the same row, and the client runs the loser again.
@@ -75,16 +78,29 @@
 // run again after Unavailable, Aborted, ResourceExhausted, Internal or
 // DeadlineExceeded ([WithRetries]); every run is a whole transaction that
 // reads before it decides, so it is idempotent. A Commit whose reply was
-// lost may have applied: Claim writes its token into the row and a run
-// that finds it answers Won with it. When a later run finds the row in
-// other hands at a time when, had the lost commit applied, others could
-// have taken the key from it already, Claim cannot tell whether it won and
-// returns an error, never HeldByOther or AlreadyDone; Complete returns an
-// error instead of false after an unknown commit. Complete and Release
-// match key, fence and token, so a repeat changes nothing twice. Extend is
-// not run again after a Commit that may have applied (another run would
-// renew the lease a second time, from a later instant): it returns the
-// error.
+// lost may have applied, whatever the error that reports it: the Spanner
+// client resends a Commit after Unavailable, and the emulator answers the
+// resent one with NotFound or FailedPrecondition once a newer transaction
+// of the same session has begun, though the first one applied; and the
+// client runs the transaction again after Internal (which a connection
+// broken mid-reply can give) as after Aborted, without saying which. So
+// every failed Commit but a refusal (Aborted, AlreadyExists,
+// InvalidArgument, PermissionDenied, Unauthenticated) leaves the outcome
+// unknown, and so, to Claim and Complete, does every run the client
+// starts again after a Commit. Claim writes its token into the row and a
+// run that finds it answers Won with it. A run that finds the row in
+// other hands rules an unknown write out when it reads before that
+// write's lease would have lapsed, or, before the write's expires-at
+// instant, finds no row or a fence no higher than the one it wrote (had
+// it applied, the claim that took the key over would have raised the
+// fence); otherwise Claim cannot tell whether it won and returns an
+// error, never HeldByOther or AlreadyDone. Complete returns an error
+// instead of false after an unknown commit. Complete and Release match
+// key, fence and token, so a repeat changes nothing twice. Extend is not
+// run again by the backend after a Commit that may have applied (another
+// run would renew the lease a second time, from a later instant): it
+// returns an error. (The Spanner client's own rerun after Aborted or
+// Internal still runs it again.)
 //
 // A lost reply to the statement that began a transaction inline leaves
 // that transaction open on the server, unknown to the client, until
