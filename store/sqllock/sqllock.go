@@ -15,7 +15,11 @@
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
 // CompleteTx adds, to the body's own statements, a begin, one UPDATE and
-// the commit on every engine.
+// the commit on PostgreSQL; SQLite adds a write that takes its write lock
+// first; MariaDB three round trips more (bounding the commit's wait and
+// putting the bound back, and a ROLLBACK after the COMMIT it sends as a
+// statement), MySQL 8 two (a check that the transaction is still open,
+// and that ROLLBACK). See CompleteTx.
 //
 // The table (see Schema for the exact DDL of each dialect):
 //
