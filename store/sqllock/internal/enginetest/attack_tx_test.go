@@ -63,7 +63,7 @@ func TestAttackLockTxWithHeartbeatCommitsABodyLongerThanAHeartbeat(t *testing.T)
 		{"mysql/snapshot-isolation/read-committed", mariadb, "innodb_snapshot_isolation=ON", readCommitted, false},
 		{"sqlite", sqliteEngine, "", nil, false},
 	}
-	const heartbeat = 20 * time.Millisecond
+	const heartbeat = idempotency.MinHeartbeat
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
 			e := v.e

@@ -938,3 +938,58 @@ func TestTxContract(t *testing.T) {
 		})
 	})
 }
+
+// On MariaDB CompleteTx bounds the commit's wait with the session's
+// idle_write_transaction_timeout (sqllock.CommitIdleTimeout) and puts the
+// session's own value back before the connection returns to the pool,
+// whatever the outcome: committed, fenced out, a body error, a
+// transaction the server ended under the body. With a pool of one
+// connection, the value read after each is the one set before.
+func TestCompleteTxPutsMariaDBsIdleBoundBack(t *testing.T) {
+	db, b := mariadb.fresh(t, nil)
+	db.SetMaxOpenConns(1)
+	s := newSink(t, mariadb, db)
+	ctx := t.Context()
+	if _, err := db.ExecContext(ctx, "SET SESSION idle_write_transaction_timeout = 3600"); err != nil {
+		t.Fatal(err)
+	}
+	bound := func() (during int) {
+		var v int
+		if err := db.QueryRowContext(ctx, "SELECT @@session.idle_write_transaction_timeout").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := bound(); v != 3600 {
+		t.Fatalf("the session's value: %d, want 3600", v)
+	}
+	cases := map[string]func(c store.Claim) (bool, error){
+		"committed": func(c store.Claim) (bool, error) {
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, c.Key) })
+		},
+		"fenced-out": func(c store.Claim) (bool, error) {
+			c.Fence++
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, c.Key) })
+		},
+		"body-error": func(c store.Claim) (bool, error) {
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return errors.New("no") })
+		},
+		"tx-ended-under-the-body": func(c store.Claim) (bool, error) {
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "ROLLBACK") // as a deadlock would
+				return err
+			})
+		},
+	}
+	for name, run := range cases {
+		c := mustWin(t, b, name, time.Minute)
+		ok, err := run(c)
+		t.Logf("%s: %v %v", name, ok, err)
+		if name == "tx-ended-under-the-body" && (ok || err == nil) {
+			t.Fatalf("%s: %v %v, want an error (the transaction was gone)", name, ok, err)
+		}
+		if v := bound(); v != 3600 {
+			t.Fatalf("after %s: idle_write_transaction_timeout %d, want the session's 3600 back", name, v)
+		}
+	}
+}
