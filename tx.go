@@ -45,6 +45,15 @@ type TxEventFunc[Tx any] = func(ctx context.Context, e event.Event, tx Tx) error
 // another service, a message sent) can happen once per attempt: keep it
 // out of fn, or make it idempotent itself.
 //
+// fn must return every error that a statement on tx returned (wrapped or
+// not), and never go on with tx after one: a failed statement may have
+// ended the whole transaction on the server (MySQL and MariaDB roll it
+// back on a deadlock and carry on outside any transaction; PostgreSQL
+// aborts it on any error), taking fn's earlier writes with it. A backend
+// that can tell refuses to mark the key done in a transaction that is no
+// longer open (see its CompleteTx); returning the error lets the store
+// retry the transaction, or nacks.
+//
 // fn's context carries the claim ([ClaimFrom]) and, under [WithHeartbeat],
 // is cancelled when the claim is lost, which rolls the transaction back.
 // A panic in fn rolls back, releases the claim, and continues.

@@ -175,6 +175,10 @@ type worker struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
 	busy string // the order it is delivering
+	// dead is set once its process has ended and its order (if any) was
+	// put back: it gets no new order (an idle token it sent before it
+	// died may still be in the channel).
+	dead bool
 }
 
 func storm[Tx any](t *testing.T, cfg Config[Tx]) Figures {
@@ -250,6 +254,7 @@ func storm[Tx any](t *testing.T, cfg Config[Tx]) Figures {
 			// worker takes its place.
 			w.cmd.Wait()
 			mu.Lock()
+			w.dead = true
 			if w.busy != "" {
 				f.Deliveries++
 				pending = append(pending, w.busy)
@@ -302,6 +307,12 @@ func storm[Tx any](t *testing.T, cfg Config[Tx]) Figures {
 		case i := <-idle:
 			mu.Lock()
 			w := workers[i]
+			if w.dead {
+				// A token of a worker that has died since (killed after it
+				// wrote its ack): its replacement sends its own.
+				mu.Unlock()
+				continue
+			}
 			var name string
 			for len(pending) > 0 && name == "" {
 				name, pending = pending[0], pending[1:]

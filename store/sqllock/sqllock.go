@@ -15,7 +15,11 @@
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
 // CompleteTx adds, to the body's own statements, a begin, one UPDATE and
-// the commit on every engine.
+// the commit on PostgreSQL; SQLite adds a write that takes its write lock
+// first; MariaDB three round trips more (bounding the commit's wait and
+// putting the bound back, and a ROLLBACK after the COMMIT it sends as a
+// statement), MySQL 8 two (a check that the transaction is still open,
+// and that ROLLBACK). See CompleteTx.
 //
 // The table (see Schema for the exact DDL of each dialect):
 //
@@ -47,6 +51,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
@@ -90,10 +95,15 @@ type Backend struct {
 	ttl     time.Duration
 	retries int
 	txOpts  *sql.TxOptions
+	d       Dialect
 	q       dialect.Statements
 	backoff retry.Policy
 	// probe is the arguments of q.HasFingerprint.
 	probe []any
+
+	// mysqlServer is the server behind the MySQL dialect (serverUnknown
+	// until CompleteTx's first call finds it out).
+	mysqlServer atomic.Int32
 
 	mu       sync.Mutex
 	prepared map[string]*preparing
@@ -142,6 +152,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	if b.txOpts != nil && b.txOpts.ReadOnly {
 		return nil, errors.New("sqllock: WithTxOptions: a read-only transaction cannot hold the Done mark")
 	}
+	b.d = d
 	b.q = sq.Render(b.table)
 	schema, name := "", parts[len(parts)-1]
 	if len(parts) == 2 {

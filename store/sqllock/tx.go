@@ -3,12 +3,15 @@ package sqllock
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 var _ store.TxBackend[*sql.Tx] = (*Backend)(nil)
@@ -17,9 +20,20 @@ var _ store.TxBackend[*sql.Tx] = (*Backend)(nil)
 // for example sql.TxOptions{Isolation: sql.LevelSerializable}. Without it
 // CompleteTx begins them with nil options: the driver's and the session's
 // defaults (READ COMMITTED on PostgreSQL, REPEATABLE READ on MySQL and
-// MariaDB, a deferred transaction on SQLite). ReadOnly makes New fail, as
-// the Done mark is a write. The other verbs run single statements and do
-// not use them.
+// MariaDB, a deferred transaction on SQLite, which CompleteTx then turns
+// into a writing one at once). ReadOnly makes New fail, as the Done mark
+// is a write. The other verbs run single statements and do not use them.
+//
+// Snapshot isolation and WithHeartbeat do not mix: at REPEATABLE READ or
+// SERIALIZABLE on PostgreSQL, and on MariaDB with
+// innodb_snapshot_isolation=ON (the default from MariaDB 11.6.2) at
+// REPEATABLE READ or above, a lease renewal that commits while body runs
+// (after body's first read fixed the snapshot) makes the Done mark's
+// UPDATE fail, in every attempt of a body longer than one heartbeat
+// period, and CompleteTx then fails with an error wrapping
+// ErrSnapshotConflict. Use sql.LevelReadCommitted for such bodies (its
+// renewals do not conflict), or keep body shorter than the heartbeat
+// period.
 func WithTxOptions(opts sql.TxOptions) Option {
 	return func(b *Backend) { b.txOpts = &opts }
 }
@@ -68,21 +82,41 @@ const SettleTimeout = 30 * time.Second
 // 40P01, MySQL error 1213, MariaDB 1020 "record has changed since last
 // read" under innodb_snapshot_isolation) returned by body, by the UPDATE
 // or by the commit, and SQLITE_BUSY or SQLITE_LOCKED returned by body or
-// the UPDATE (SQLite's answer to a transaction whose snapshot is stale
-// when it first writes), rolls the transaction back and runs the whole
-// of it again, body included, with a fresh transaction, within
-// WithRetries' budget and backoff. Only the writes of the transaction
-// that commits exist; whatever body does outside the transaction (calls
-// to other services, messages sent) may happen once per call. Return such
-// an error from body (wrapped or not) to have the transaction retried.
-// Other errors, a broken connection among them, are not retried.
+// the UPDATE, rolls the transaction back and runs the whole of it again,
+// body included, with a fresh transaction, within WithRetries' budget and
+// backoff. Only the writes of the transaction that commits exist; whatever
+// body does outside the transaction (calls to other services, messages
+// sent) may happen once per call. Return such an error from body (wrapped
+// or not) to have the transaction retried. Other errors, a broken
+// connection among them, are not retried. When the attempts end with the
+// UPDATE refused because c's record changed after the transaction's
+// snapshot (40001 at REPEATABLE READ or SERIALIZABLE, 1020), the error
+// wraps ErrSnapshotConflict, which says why: under WithHeartbeat, a body
+// longer than the heartbeat period meets a renewal of c's lease in every
+// attempt (see WithTxOptions).
 //
-// Body must leave the transaction open: a body that commits or rolls
-// back tx itself makes the UPDATE fail with sql.ErrTxDone (and if it
+// Body must return every error a statement on tx returned (wrapped or
+// not), and must leave the transaction open. A failed statement may have
+// ended the whole transaction on the server: MySQL and MariaDB roll it
+// back on a deadlock (1213) and carry on outside any transaction,
+// PostgreSQL aborts it on any error. A body that swallows such an error
+// would have the Done mark commit without its earlier writes; CompleteTx
+// checks, before the mark, that the transaction is still open (MariaDB:
+// @@in_transaction, read in the UPDATE itself, and again when it matches
+// no row; MySQL 8, which lacks it: SET TRANSACTION READ WRITE, which the
+// server refuses with error 1568 inside a transaction; PostgreSQL: the
+// aborted transaction refuses the UPDATE), and if it is not, rolls back
+// and returns an error, nothing marked. A body that commits or rolls back
+// tx itself makes the next statement fail with sql.ErrTxDone (and if it
 // committed, its writes exist without the mark).
 //
 // ctx governs the transaction: a ctx that ends before the commit rolls it
-// back (database/sql does).
+// back (database/sql does), and a ctx that ends during the commit ends
+// CompleteTx's wait for its reply (the commit is then settled, as a lost
+// reply). On MySQL and MariaDB the COMMIT is sent as a statement on tx
+// (go-sql-driver/mysql sends database/sql's Commit without a context, and
+// would wait for its reply for ever), and tx is then ended with a
+// Rollback that finds nothing to roll back.
 //
 // What it holds, and for how long:
 //
@@ -98,18 +132,29 @@ const SettleTimeout = 30 * time.Second
 //     error 1020 instead, and the transaction is retried). At REPEATABLE
 //     READ or SERIALIZABLE on PostgreSQL such a reclaim makes the UPDATE
 //     fail with 40001, and the retry returns false.
-//   - SQLite has one writer per database: from body's first write to the
-//     commit, the transaction holds the database's write lock, and every
-//     other write waits for it (up to the busy timeout, then SQLITE_BUSY,
-//     which the verbs retry WithRetries times) — a concurrent Claim of
-//     any key, this one included, waits for the commit and then answers
-//     AlreadyDone (or, after false or an error, HeldByOther or Won),
-//     rather than a prompt HeldByOther. A body that only reads holds no
-//     write lock, and a Claim during it is answered at once.
+//   - From the UPDATE on, the transaction waits for its commit at most
+//     CommitIdleTimeout on the server (PostgreSQL, MariaDB): a client
+//     frozen before its commit arrived, or cut off by a network that keeps
+//     the server's side open, cannot hold c's row lock for longer, and a
+//     duplicate's Claim waiting on it then gets its answer. MySQL 8 has no
+//     such bound (see CommitIdleTimeout).
+//   - SQLite has one writer per database, and CompleteTx takes its write
+//     lock when the transaction begins (its first statement is a write
+//     that changes nothing, as BEGIN IMMEDIATE would): no other write can
+//     commit between the transaction's snapshot and its mark, so none
+//     conflicts with it, and a transactional body holds SQLite's write
+//     lock for its whole run, reads only or not. Every other write waits
+//     for it (up to the busy timeout, then SQLITE_BUSY, which the verbs
+//     retry WithRetries times): a concurrent Claim of any key, this one
+//     included, waits for the commit and then answers AlreadyDone (or,
+//     after false or an error, HeldByOther or Won), rather than a prompt
+//     HeldByOther; so does a WithHeartbeat renewal of c's lease, which
+//     then finds the record done (or, after waiting out the busy timeout,
+//     fails, and is tried again at the next heartbeat).
 //   - Body should end well within c's lease: after the lease lapses
 //     another caller may take the key, and the UPDATE then finds it
 //     replaced (false, body's writes rolled back). Extend the lease for
-//     longer work.
+//     longer work (at READ COMMITTED: see WithTxOptions).
 //   - A long transaction has the engine's costs: PostgreSQL keeps the
 //     rows body wrote locked and holds back vacuum's horizon
 //     (idle_in_transaction_session_timeout and statement_timeout may end
@@ -117,6 +162,14 @@ const SettleTimeout = 30 * time.Second
 //     innodb_lock_wait_timeout, 50 s by default, then fail with 1205) and
 //     its undo history; SQLite blocks every other writer. Keep body to
 //     the writes that must commit with the mark.
+//
+// Round trips, besides body's statements: PostgreSQL: begin, the UPDATE,
+// the commit. SQLite (in process): begin, the write that takes the lock,
+// the UPDATE, the commit. MariaDB: begin, setting the commit's bound, the
+// UPDATE, the COMMIT, the ROLLBACK that ends tx, putting the bound back
+// (and, once per Backend, a SELECT @@in_transaction that tells MariaDB
+// from MySQL). MySQL 8: begin, the check that the transaction is open,
+// the UPDATE, the COMMIT, the ROLLBACK.
 func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
@@ -133,7 +186,9 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 	// lost is the error of a commit whose reply did not arrive: the
 	// attempts stop, and the outcome is settled.
 	var lost error
+	attempts := 0
 	err := b.backoff.Do(ctx, func(int) error {
+		attempts++
 		ok, unsure, err := b.completeTxOnce(ctx, c, k, stamped, body)
 		if unsure {
 			lost = err
@@ -146,55 +201,264 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 		return b.settle(ctx, c, k, lost)
 	}
 	if err != nil {
+		if errors.Is(err, errRecordChanged) {
+			return false, fmt.Errorf("sqllock: complete-tx %q fence %d: %w (%d attempts, the last one's error: %w)", c.Key, c.Fence, ErrSnapshotConflict, attempts, err)
+		}
 		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: %w", c.Key, c.Fence, b.explain(err))
 	}
 	return done, nil
+}
+
+// ErrSnapshotConflict is wrapped by CompleteTx's error when its attempts
+// ended with the Done mark's UPDATE refused because c's record changed
+// after the transaction's snapshot was taken (PostgreSQL at REPEATABLE
+// READ or SERIALIZABLE: SQLSTATE 40001; MariaDB with
+// innodb_snapshot_isolation: error 1020). Under WithHeartbeat this is
+// what a body longer than one heartbeat period meets on every attempt:
+// the renewal updates the record while the body runs. Nothing committed.
+var ErrSnapshotConflict = errors.New("sqllock: the claim's record changed during the body under snapshot isolation " +
+	"(a lease renewal by WithHeartbeat, or another writer, updated it after the transaction's snapshot was taken), " +
+	"so the Done mark's UPDATE was refused in every attempt and nothing committed; " +
+	"run CompleteTx at READ COMMITTED (WithTxOptions; on MariaDB, innodb_snapshot_isolation=OFF), " +
+	"or keep the body shorter than the heartbeat period")
+
+// errRecordChanged marks a Done mark's UPDATE refused by a snapshot
+// conflict (see ErrSnapshotConflict).
+var errRecordChanged = errors.New("sqllock: the record changed since the transaction's snapshot")
+
+// errTxGone ends an attempt whose transaction the server ended while body
+// ran, body having gone on without returning the statement's error.
+var errTxGone = errors.New("sqllock: the transaction is no longer open: the server rolled it back while body ran " +
+	"(a deadlock, or another error that ends the transaction, whose error body did not return), " +
+	"and body's writes before it are gone; the Done mark was not written")
+
+// The servers behind the MySQL dialect, as CompleteTx finds out on its
+// first call.
+const (
+	serverUnknown int32 = iota
+	serverMariaDB       // has @@in_transaction and idle_write_transaction_timeout
+	serverMySQL         // MySQL 8: has neither
+)
+
+// The MySQL dialect's session statements of CompleteTx.
+const (
+	// mariaInTx reads whether the session is in a transaction; MySQL 8
+	// fails it with error 1193 (unknown system variable).
+	mariaInTx = "SELECT @@in_transaction"
+	// mariaRestoreIdle puts the kept value back.
+	mariaRestoreIdle = "SET @@session.idle_write_transaction_timeout = @sqllock_idle_write_transaction_timeout"
+	// mysqlStillInTx is MySQL 8's check that the session is still in a
+	// transaction: SET TRANSACTION (without GLOBAL or SESSION) is refused
+	// with error 1568 while a transaction is in progress. When none is, it
+	// succeeds and makes the session's next transaction READ WRITE, the
+	// default.
+	mysqlStillInTx = "SET TRANSACTION READ WRITE"
+)
+
+// mariaBoundIdle keeps the session's idle_write_transaction_timeout and
+// sets it to CommitIdleTimeout (whole seconds): a write transaction idle
+// for longer, its COMMIT not arriving, is ended by the server.
+var mariaBoundIdle = "SET @sqllock_idle_write_transaction_timeout = @@session.idle_write_transaction_timeout, " +
+	"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second))
+
+// CommitIdleTimeout bounds, on the server, how long a transaction of
+// CompleteTx stays open after its Done mark's UPDATE (which locks c's
+// record) while its commit does not arrive: a client frozen, or cut off
+// by a network that keeps the server's side of the connection open. When
+// it ends, the server ends the session and rolls the transaction back,
+// which frees the record's row lock: a duplicate's Claim waits at most
+// this long on it, and then gets its answer (and the frozen caller's
+// CompleteTx, settling, finds nothing committed). On PostgreSQL it is
+// idle_in_transaction_session_timeout, set for the rest of the
+// transaction only (set_config(..., true), as SET LOCAL) by the mark's
+// UPDATE itself; on MariaDB it is the session's
+// idle_write_transaction_timeout, set before the mark's UPDATE and put
+// back after the transaction ends. MySQL 8 has no such setting: there a
+// frozen client's transaction holds the row lock until the server drops
+// the connection (wait_timeout, or TCP keepalive), and a duplicate's
+// Claim waits innodb_lock_wait_timeout and then fails with error 1205.
+// SQLite runs in the caller's process and needs none. The body's own
+// statements are not bounded: the bound starts at the mark.
+const CommitIdleTimeout = dialect.CommitIdleMillis * time.Millisecond
+
+// server returns the server behind the MySQL dialect, finding it out on
+// the first call.
+func (b *Backend) server(ctx context.Context) (int32, error) {
+	if s := b.mysqlServer.Load(); s != serverUnknown {
+		return s, nil
+	}
+	var inTx int
+	err := b.db.QueryRowContext(ctx, mariaInTx).Scan(&inTx)
+	switch {
+	case err == nil:
+		b.mysqlServer.Store(serverMariaDB)
+	case mysqlUnknownVariable.MatchString(err.Error()):
+		b.mysqlServer.Store(serverMySQL)
+	default:
+		return serverUnknown, fmt.Errorf("finding out the server (%s): %w", mariaInTx, err)
+	}
+	return b.mysqlServer.Load(), nil
+}
+
+// mysqlUnknownVariable matches go-sql-driver/mysql's rendering of error
+// 1193, "Unknown system variable".
+var mysqlUnknownVariable = regexp.MustCompile(`(^|: )Error 1193\b`)
+
+// mysqlInProgress matches go-sql-driver/mysql's rendering of error 1568,
+// "Transaction characteristics can't be changed while a transaction is in
+// progress".
+var mysqlInProgress = regexp.MustCompile(`(^|: )Error 1568\b`)
+
+// snapshotConflict reports whether err, from the Done mark's UPDATE, says
+// that the record changed after the transaction's snapshot.
+func snapshotConflict(err error) bool {
+	var pg interface{ SQLState() string }
+	if errors.As(err, &pg) {
+		return pg.SQLState() == "40001"
+	}
+	var lite interface{ Code() int }
+	if errors.As(err, &lite) {
+		return lite.Code() == 517 // SQLITE_BUSY_SNAPSHOT
+	}
+	return mysqlChanged.MatchString(err.Error())
+}
+
+// mysqlChanged matches MariaDB's error 1020, "Record has changed since
+// last read".
+var mysqlChanged = regexp.MustCompile(`(^|: )Error 1020\b`)
+
+// txEnded adds to err, returned by a statement on tx after body returned,
+// that body must have ended tx itself.
+func txEnded(ctx context.Context, what string, err error) error {
+	if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
+		return fmt.Errorf("%s: the transaction was ended (did body commit or roll back tx?): %w", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // completeTxOnce is one attempt of CompleteTx: a transaction, body, the
 // UPDATE and the commit. unsure reports a commit that failed in a way
 // that may have let it land (err is then the commit's error).
 func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, stamped any, body func(ctx context.Context, tx *sql.Tx) error) (done, unsure bool, err error) {
-	st, err := b.stmt(ctx, b.q.CompleteClaimed)
+	// The statements are found and prepared on the pool before a
+	// connection is taken for the transaction (a pool of one connection
+	// has none to spare for them).
+	server := serverUnknown
+	markQ := b.q.CompleteTx
+	if b.d == MySQL {
+		if server, err = b.server(ctx); err != nil {
+			return false, false, err
+		}
+		if server == serverMySQL {
+			markQ = b.q.CompleteClaimed
+		}
+	}
+	st, err := b.stmt(ctx, markQ)
 	if err != nil {
 		return false, false, err
 	}
-	tx, err := b.db.BeginTx(ctx, b.txOpts)
+	var lock *sql.Stmt
+	if b.q.LockWrites != "" {
+		if lock, err = b.stmt(ctx, b.q.LockWrites); err != nil {
+			return false, false, err
+		}
+	}
+	conn, err := b.db.Conn(ctx)
+	if err != nil {
+		return false, false, fmt.Errorf("connection: %w", err)
+	}
+	// restore is set once MariaDB's idle_write_transaction_timeout has
+	// been changed on conn: it is put back before conn goes back to the
+	// pool, and conn is discarded if that fails.
+	restore := false
+	defer func() {
+		if restore {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SettleTimeout)
+			if _, err := conn.ExecContext(rctx, mariaRestoreIdle); err != nil {
+				conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+			cancel()
+		}
+		conn.Close()
+	}()
+	tx, err := conn.BeginTx(ctx, b.txOpts)
 	if err != nil {
 		return false, false, fmt.Errorf("begin: %w", err)
 	}
-	committing := false
+	ended := false
 	defer func() {
-		if !committing {
+		if !ended {
 			tx.Rollback()
 		}
 	}()
+	if lock != nil {
+		// SQLite: take the write lock now, as BEGIN IMMEDIATE would, so
+		// that no other writer (a renewal of c's lease among them) can
+		// commit after this transaction's snapshot and before its mark.
+		if _, err := tx.StmtContext(ctx, lock).ExecContext(ctx); err != nil {
+			return false, false, fmt.Errorf("taking the write lock: %w", err)
+		}
+	}
 	if err := body(ctx, tx); err != nil {
 		return false, false, fmt.Errorf("body: %w", err)
 	}
+	switch server {
+	case serverMariaDB:
+		if _, err := tx.ExecContext(ctx, mariaBoundIdle); err != nil {
+			return false, false, txEnded(ctx, "bounding the commit's wait", err)
+		}
+		restore = true
+	case serverMySQL:
+		_, err := tx.ExecContext(ctx, mysqlStillInTx)
+		switch {
+		case err == nil:
+			return false, false, errTxGone
+		case !mysqlInProgress.MatchString(err.Error()):
+			return false, false, txEnded(ctx, "checking that the transaction is open", err)
+		}
+	}
 	mark := tx.StmtContext(ctx, st)
+	matched := false
 	if b.q.Returning {
-		var one int
-		err = mark.QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped).Scan(&one)
+		var v any
+		err = mark.QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped).Scan(&v)
 		if errors.Is(err, sql.ErrNoRows) {
-			return false, false, nil
+			err = nil
+		} else {
+			matched = err == nil
 		}
 	} else {
 		var res sql.Result
 		if res, err = mark.ExecContext(ctx, millis(b.ttl), stamped, k, c.Fence, c.Token); err == nil {
 			var n int64
-			if n, err = res.RowsAffected(); err == nil && n != 1 {
-				return false, false, nil
-			}
+			n, err = res.RowsAffected()
+			matched = n == 1
 		}
 	}
 	if err != nil {
-		if errors.Is(err, sql.ErrTxDone) && ctx.Err() == nil {
-			return false, false, fmt.Errorf("marking done: the transaction was ended (did body commit or roll back tx?): %w", err)
+		if snapshotConflict(err) {
+			err = fmt.Errorf("%w: %w", errRecordChanged, err)
 		}
-		return false, false, fmt.Errorf("marking done: %w", err)
+		return false, false, txEnded(ctx, "marking done", err)
 	}
-	committing = true
+	if !matched {
+		if server == serverMariaDB {
+			// The UPDATE requires @@in_transaction = 1: tell a transaction
+			// the server ended from a claim fenced out.
+			var inTx int
+			if err := tx.QueryRowContext(ctx, mariaInTx).Scan(&inTx); err != nil {
+				return false, false, fmt.Errorf("checking that the transaction is open: %w", err)
+			}
+			if inTx != 1 {
+				return false, false, errTxGone
+			}
+		}
+		return false, false, nil
+	}
+	if b.d == MySQL {
+		return b.commitMySQL(ctx, tx, &ended)
+	}
+	ended = true
 	if err := tx.Commit(); err != nil {
 		if errors.Is(err, sql.ErrTxDone) {
 			// database/sql rolled the transaction back (ctx ended) before
@@ -212,6 +476,29 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		return false, false, fmt.Errorf("commit: %w", err)
 	}
 	return true, false, nil
+}
+
+// commitMySQL commits tx on MySQL or MariaDB. go-sql-driver/mysql sends
+// database/sql's Commit without a context, and waits for its reply for as
+// long as the connection's readTimeout (none by default): a commit whose
+// reply never comes would hold CompleteTx for ever, whatever ctx says. So
+// the COMMIT is sent as a statement on tx, which the driver abandons
+// (closing the connection) when ctx ends; database/sql's Tx is then ended
+// with Rollback, a ROLLBACK that finds no transaction to roll back.
+func (b *Backend) commitMySQL(ctx context.Context, tx *sql.Tx, ended *bool) (done, unsure bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return false, false, fmt.Errorf("commit: %w", err) // not sent; the deferred Rollback ends tx
+	}
+	_, err = tx.ExecContext(ctx, "COMMIT")
+	*ended = true
+	tx.Rollback()
+	if err == nil {
+		return true, false, nil
+	}
+	if mayHaveLanded(err) {
+		return false, true, err
+	}
+	return false, false, fmt.Errorf("commit: %w", err)
 }
 
 // settle decides a commit that failed with cause, which may have landed: it fences the

@@ -9,6 +9,7 @@ package dialect
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 	"strings"
 )
 
@@ -46,6 +47,21 @@ type SQL struct {
 	// Complete (on PostgreSQL and SQLite) reports as done again, fenced
 	// out. MySQL's Complete already has the condition.
 	CompleteClaimed string
+	// CompleteTx is CompleteClaimed as a transactional completion runs it
+	// (the same arguments in the same order). PostgreSQL's also bounds how
+	// long the rest of the transaction may stay idle on the server: its
+	// RETURNING sets idle_in_transaction_session_timeout to
+	// CommitIdleMillis for the transaction (SET LOCAL), so that a commit
+	// that never arrives (a frozen client or network) ends the transaction
+	// and frees the record's row lock. MySQL's is MariaDB's: it changes
+	// nothing unless the session is still in a transaction
+	// (@@in_transaction, which MySQL 8 lacks: there CompleteClaimed runs).
+	// SQLite's is CompleteClaimed.
+	CompleteTx string
+	// LockWrites is SQLite's statement that takes the database's write
+	// lock for the transaction it runs in, and changes nothing: a
+	// transactional completion runs it first, as BEGIN IMMEDIATE would.
+	LockWrites string
 	// IsDone is MySQL's: is the record done with this fence and token?
 	IsDone string
 	// Release ends the claim's lease and raises the fence.
@@ -72,6 +88,11 @@ type SQL struct {
 
 // Quote quotes one identifier in the engine's style.
 func (d *SQL) Quote(name string) string { return d.quote + name + d.quote }
+
+// CommitIdleMillis is how long, in milliseconds, a transactional
+// completion's transaction may stay idle on the server after its Done
+// mark's UPDATE, waiting for the commit (see SQL.CompleteTx).
+const CommitIdleMillis = 5000
 
 // The completions' UPDATE, without its RETURNING: Complete and
 // CompleteClaimed share it.
@@ -139,6 +160,8 @@ FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
 		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = $1`,
 		Complete:        pgComplete + ` RETURNING 1`,
 		CompleteClaimed: pgComplete + ` AND state = 1 RETURNING 1`,
+		CompleteTx: pgComplete + ` AND state = 1
+RETURNING set_config('idle_in_transaction_session_timeout', '` + strconv.Itoa(CommitIdleMillis) + `', true)`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c.ms, expires_at_ms = c.ms + $3
 FROM (SELECT {NOW} AS ms) c
 WHERE idem_key = $1 AND fence = $2 AND token = $4 AND state = 1`,
@@ -197,6 +220,10 @@ RETURNING fence, lease_expiry_ms`,
 		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?1`,
 		Complete:        liteComplete + ` RETURNING 1`,
 		CompleteClaimed: liteComplete + ` AND state = 1 RETURNING 1`,
+		CompleteTx:      liteComplete + ` AND state = 1 RETURNING 1`,
+		// An UPDATE that matches no row still begins a write transaction:
+		// SQLite takes the write lock when a writing statement starts.
+		LockWrites: `UPDATE {T} SET state = state WHERE 0`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?3
 WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 AND state = 1`,
 		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?3, expires_at_ms = {NOW} + ?3 + ?4
@@ -248,6 +275,7 @@ WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
 		Complete:        myComplete,
 		CompleteClaimed: myComplete,
+		CompleteTx:      myComplete + ` AND @@in_transaction = 1`,
 		IsDone:          `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
 WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
@@ -268,6 +296,7 @@ type Statements struct {
 	// The statements of the verbs, as in [SQL].
 	Claim, Upsert, Insert, Read, Reclaim string
 	Complete, CompleteClaimed            string
+	CompleteTx, LockWrites               string
 	IsDone, Release, Extend              string
 	Lease, Purge                         string
 	Returning                            bool
@@ -316,7 +345,8 @@ func (d *SQL) Render(table string) Statements {
 		Claim:   r.Replace(d.Claim), Upsert: r.Replace(d.Upsert), Insert: r.Replace(d.Insert),
 		Read: r.Replace(d.Read), Reclaim: r.Replace(d.Reclaim), Complete: r.Replace(d.Complete),
 		CompleteClaimed: r.Replace(d.CompleteClaimed),
-		IsDone:          r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
+		CompleteTx:      r.Replace(d.CompleteTx), LockWrites: r.Replace(d.LockWrites),
+		IsDone: r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
 		Lease: r.Replace(d.Lease), Purge: r.Replace(d.Purge), Returning: d.Returning,
 		HasFingerprint: d.HasFingerprint, AddFingerprint: r.Replace(d.AddFingerprint),
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -92,7 +93,8 @@ type counter struct {
 	// is sent, with the statement's text.
 	beforeQuery atomic.Pointer[func(q string)]
 	// beforeCommit, when set, runs before each transaction's commit is
-	// sent.
+	// sent: the driver's Commit, or a COMMIT statement (CompleteTx sends
+	// one on MySQL, to bound the commit by its ctx).
 	beforeCommit atomic.Pointer[func()]
 }
 
@@ -178,6 +180,9 @@ func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver
 
 func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Result, error) {
 	c.c.n.Add(1)
+	if hook := c.c.beforeCommit.Load(); hook != nil && strings.EqualFold(q, "COMMIT") {
+		(*hook)()
+	}
 	return c.Conn.(driver.ExecerContext).ExecContext(ctx, q, args)
 }
 

@@ -229,9 +229,10 @@ func TestCompleteTxOfASupersededHolderIsRefused(t *testing.T) {
 // latest committed row (PostgreSQL at READ COMMITTED: each statement's
 // own snapshot; MySQL: a locking read), or fails the transaction, which is
 // then retried and finds the key replaced (PostgreSQL at REPEATABLE READ
-// and SERIALIZABLE: 40001; MariaDB with innodb_snapshot_isolation: 1020;
-// SQLite: SQLITE_BUSY_SNAPSHOT on the body's first write). Either way:
-// false, no writes, and the reclaimer's record untouched.
+// and SERIALIZABLE: 40001; MariaDB with innodb_snapshot_isolation: 1020).
+// Either way: false, no writes, and the reclaimer's record untouched.
+// (On SQLite no reclaim can commit during the body: the transaction holds
+// the write lock from its start, TestCompleteTxSQLiteTakesTheWriteLockWhenItBegins.)
 func TestCompleteTxSeesAReclaimCommittedDuringTheBody(t *testing.T) {
 	type variant struct {
 		name      string
@@ -246,7 +247,6 @@ func TestCompleteTxSeesAReclaimCommittedDuringTheBody(t *testing.T) {
 		{"postgres/serializable", postgres, "", []sqllock.Option{sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable})}, 2},
 		{"mysql", mariadb, "", nil, 1},
 		{"mysql/snapshot-isolation", mariadb, "innodb_snapshot_isolation=ON", nil, 2},
-		{"sqlite", sqliteEngine, "", nil, 2},
 	}
 	for _, v := range variants {
 		t.Run(v.name, func(t *testing.T) {
@@ -575,8 +575,10 @@ func TestCompleteTxConcurrentClaimDuringTheBodyIsHeldByOther(t *testing.T) {
 		c := mustWin(t, b, "k", time.Minute)
 		ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
 			if e.name == "sqlite" {
-				// SQLite: a body that has written holds the database's write
-				// lock (TestCompleteTxSQLiteClaimWaitsForTheBodysWriteLock).
+				// SQLite: the transaction holds the database's write lock
+				// from its start (TestCompleteTxSQLiteTakesTheWriteLockWhenItBegins),
+				// and a Claim waits for the commit
+				// (TestCompleteTxSQLiteClaimWaitsForTheBodysWriteLock).
 				var n int
 				return tx.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+s.table).Scan(&n)
 			}
@@ -613,12 +615,56 @@ func TestCompleteTxConcurrentClaimDuringTheBodyIsHeldByOther(t *testing.T) {
 	})
 }
 
+// SQLite: CompleteTx takes the database's write lock when its transaction
+// begins, as BEGIN IMMEDIATE would. A write from another connection while
+// the body runs, although the body has only read, waits for the commit
+// (with no busy timeout, it fails at once with SQLITE_BUSY): no reclaim of
+// the key, and no renewal of its lease (WithHeartbeat), can commit between
+// the body's snapshot and the mark, so none can make the mark's first
+// write fail with SQLITE_BUSY_SNAPSHOT. The body runs once, and commits.
+// (Before, a body that had only read held no lock: the write committed,
+// and every attempt of a body that outlasted a heartbeat failed.)
+func TestCompleteTxSQLiteTakesTheWriteLockWhenItBegins(t *testing.T) {
+	dsn := sqliteDSN(t)
+	db := sqliteEngine.open(t, dsn, nil)
+	b := sqliteEngine.backend(t, db)
+	s := newSink(t, sqliteEngine, db)
+	other := sqliteEngine.open(t, strings.Replace(dsn, "busy_timeout(20000)", "busy_timeout(0)", 1), nil)
+	ctx := t.Context()
+	c := mustWin(t, b, "k", time.Minute)
+	renew := rebind(sqliteEngine, "UPDATE "+tableOf(b)+" SET lease_expiry_ms = lease_expiry_ms + 1 WHERE idem_key = ?")
+	calls := 0
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
+		calls++
+		var n int
+		if err := tx.QueryRowContext(ctx, s.count, "k").Scan(&n); err != nil {
+			return err
+		}
+		_, werr := other.ExecContext(ctx, renew, []byte("k"))
+		var lite interface{ Code() int }
+		if !errors.As(werr, &lite) || lite.Code()&0xff != 5 {
+			return fmt.Errorf("a write from another connection during a body that has only read: %v, want SQLITE_BUSY (the write lock held since the transaction began)", werr)
+		}
+		return s.write(ctx, tx, "k")
+	})
+	if !ok || err != nil || calls != 1 {
+		t.Fatalf("CompleteTx: %v %v after %d body calls, want true after 1", ok, err, calls)
+	}
+	if n := s.rows(t, "k"); n != 1 {
+		t.Fatalf("%d rows, want 1", n)
+	}
+	if r := outcome(t, b, "k"); r.Outcome != store.AlreadyDone {
+		t.Fatalf("after: %v, want already done", r.Outcome)
+	}
+}
+
 // SQLite has one writer per database: a Claim sent while a CompleteTx
 // body that has written is still running waits for the database's write
 // lock until the transaction commits, and then answers AlreadyDone, not a
 // prompt HeldByOther. With no busy timeout it fails with SQLITE_BUSY
-// instead. (A body that has only read holds no write lock:
-// TestCompleteTxConcurrentClaimDuringTheBodyIsHeldByOther.) The waits are
+// instead. (A body that has only read holds it too: CompleteTx takes it
+// when the transaction begins,
+// TestCompleteTxSQLiteTakesTheWriteLockWhenItBegins.) The waits are
 // logged: the measurement behind CompleteTx's doc.
 func TestCompleteTxSQLiteClaimWaitsForTheBodysWriteLock(t *testing.T) {
 	const hold = 300 * time.Millisecond // how long the body goes on after its write
@@ -891,4 +937,59 @@ func TestTxContract(t *testing.T) {
 			return h
 		})
 	})
+}
+
+// On MariaDB CompleteTx bounds the commit's wait with the session's
+// idle_write_transaction_timeout (sqllock.CommitIdleTimeout) and puts the
+// session's own value back before the connection returns to the pool,
+// whatever the outcome: committed, fenced out, a body error, a
+// transaction the server ended under the body. With a pool of one
+// connection, the value read after each is the one set before.
+func TestCompleteTxPutsMariaDBsIdleBoundBack(t *testing.T) {
+	db, b := mariadb.fresh(t, nil)
+	db.SetMaxOpenConns(1)
+	s := newSink(t, mariadb, db)
+	ctx := t.Context()
+	if _, err := db.ExecContext(ctx, "SET SESSION idle_write_transaction_timeout = 3600"); err != nil {
+		t.Fatal(err)
+	}
+	bound := func() (during int) {
+		var v int
+		if err := db.QueryRowContext(ctx, "SELECT @@session.idle_write_transaction_timeout").Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	if v := bound(); v != 3600 {
+		t.Fatalf("the session's value: %d, want 3600", v)
+	}
+	cases := map[string]func(c store.Claim) (bool, error){
+		"committed": func(c store.Claim) (bool, error) {
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, c.Key) })
+		},
+		"fenced-out": func(c store.Claim) (bool, error) {
+			c.Fence++
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, c.Key) })
+		},
+		"body-error": func(c store.Claim) (bool, error) {
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return errors.New("no") })
+		},
+		"tx-ended-under-the-body": func(c store.Claim) (bool, error) {
+			return b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "ROLLBACK") // as a deadlock would
+				return err
+			})
+		},
+	}
+	for name, run := range cases {
+		c := mustWin(t, b, name, time.Minute)
+		ok, err := run(c)
+		t.Logf("%s: %v %v", name, ok, err)
+		if name == "tx-ended-under-the-body" && (ok || err == nil) {
+			t.Fatalf("%s: %v %v, want an error (the transaction was gone)", name, ok, err)
+		}
+		if v := bound(); v != 3600 {
+			t.Fatalf("after %s: idle_write_transaction_timeout %d, want the session's 3600 back", name, v)
+		}
+	}
 }
