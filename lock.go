@@ -403,6 +403,14 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 				cur = next
 				mu.Unlock()
 			case errors.Is(err, store.ErrLost):
+				select {
+				case <-done:
+					// The body returned while the renewal ran: a
+					// transactional body's commit marked the key done,
+					// which a renewal finds "lost". Nothing was.
+					return
+				default:
+				}
 				cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
 					"key", claim.Key, "fence", claim.Fence, "error", err)
 				cancel(fmt.Errorf("idempotency: lease renewal: %w", err))
