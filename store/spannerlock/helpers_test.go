@@ -273,14 +273,6 @@ type faults struct {
 func (f faults) LoseNextReply()  { f.r.loseNextCommit.Store(true) }
 func (f faults) CutConnections() { f.p.CutConnections() }
 
-// contractBackend is a backend for the contract suite on a database of
-// its own, reached through a DropProxy, with Faults.
-func contractBackend(t *testing.T, opts ...spannerlock.Option) (*spannerlock.Backend, faults) {
-	t.Helper()
-	s, f := shardedBackend(t, 1, opts...)
-	return s[0], f
-}
-
 // shardedBackend is n backends, each on a database of its own, all
 // reached through one DropProxy by clients that share one rpcs: a lost
 // reply is the next Commit's, whichever database it goes to, and a cut
