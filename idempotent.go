@@ -112,42 +112,59 @@ func disabled() bool {
 // nil [KeyFunc], or a prefix that breaks the [WithKeyPrefix] rule: these
 // are mistakes in the program, found at start-up.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
+	cfg := newGuardConfig("Idempotent", b, opts)
+	return func(h CloudEventFunc) CloudEventFunc {
+		if h == nil {
+			panic("idempotency.Idempotent: nil handler")
+		}
+		return cfg.guard(b, h, nil)
+	}
+}
+
+// newGuardConfig builds and checks the configuration of a wrapper made by
+// fn (its name, for panics) on b.
+func newGuardConfig(fn string, b store.Backend, opts []Option) *config {
 	cfg := newConfig(opts)
 	if b == nil && !disabled() {
-		panic("idempotency.Idempotent: nil backend")
+		panic("idempotency." + fn + ": nil backend")
 	}
 	if err := cfg.validate(); err != nil {
-		panic("idempotency.Idempotent: " + err.Error())
+		panic("idempotency." + fn + ": " + err.Error())
 	}
 	if _, ok := b.(store.Fingerprinter); b != nil && !ok && cfg.fingerprint != nil {
 		cfg.lock.log().Warn("idempotency: payload fingerprints are neither stored nor compared: the backend does not implement store.Fingerprinter; a key done by another payload is taken for a duplicate",
 			"backend", fmt.Sprintf("%T", b))
 	}
-	return func(h CloudEventFunc) CloudEventFunc {
-		if h == nil {
-			panic("idempotency.Idempotent: nil handler")
+	return &cfg
+}
+
+// guard is the wrapped handler: h on the plain path, or, when txOf is
+// set, the transactional handler that txOf binds to an event (h is then
+// nil: such a handler cannot run without its backend's transaction).
+func (c *config) guard(b store.Backend, h CloudEventFunc, txOf func(event.Event) txFunc) CloudEventFunc {
+	var warned atomic.Bool // warned since DisableEnv was last seen unset
+	return func(ctx context.Context, e event.Event) error {
+		if disabled() {
+			if txOf != nil {
+				return nackable(fmt.Errorf("%s event %q: %s is set, and a transactional handler cannot run without its backend's transaction; nacking", errPrefix, e.ID(), DisableEnv))
+			}
+			if !warned.Swap(true) {
+				c.lock.log().WarnContext(ctx, "idempotency: "+DisableEnv+" is set; handlers run unguarded and duplicates are NOT suppressed",
+					"event_id", e.ID())
+			}
+			return c.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
 		}
-		var warned atomic.Bool // warned since DisableEnv was last seen unset
-		return func(ctx context.Context, e event.Event) error {
-			if disabled() {
-				if !warned.Swap(true) {
-					cfg.lock.log().WarnContext(ctx, "idempotency: "+DisableEnv+" is set; handlers run unguarded and duplicates are NOT suppressed",
-						"event_id", e.ID())
-				}
-				return cfg.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
-			}
-			if warned.Load() {
-				warned.Store(false)
-			}
-			if b == nil {
-				return nackable(fmt.Errorf("%s event %q: nil backend (%s was set when Idempotent was called, and is not now); refusing to run the handler unguarded", errPrefix, e.ID(), DisableEnv))
-			}
-			return cfg.deliver(ctx, b, h, e)
+		if warned.Load() {
+			warned.Store(false)
 		}
+		if b == nil {
+			return nackable(fmt.Errorf("%s event %q: nil backend (%s was set when the wrapper was built, and is not now); refusing to run the handler unguarded", errPrefix, e.ID(), DisableEnv))
+		}
+		return c.deliver(ctx, b, h, txOf, e)
 	}
 }
 
-func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, e event.Event) error {
+func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, txOf func(event.Event) txFunc, e event.Event) error {
 	if c.msgTrace {
 		ctx = messageTrace(ctx, e)
 	}
@@ -180,7 +197,12 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	if err != nil {
 		return refused(err)
 	}
-	ran, err := run(ctx, b, key, fp, func(ctx context.Context) error { return h(ctx, e) }, &c.lock, false)
+	var ran bool
+	if txOf != nil {
+		ran, err = run(ctx, b, key, fp, nil, txOf(e), &c.lock, false)
+	} else {
+		ran, err = run(ctx, b, key, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false)
+	}
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}

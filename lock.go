@@ -162,7 +162,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // ignores ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, cfg.fingerprint, fn, &cfg, false)
+	_, err := run(ctx, b, key, cfg.fingerprint, fn, nil, &cfg, false)
 	return err
 }
 
@@ -185,7 +185,7 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 // again later, and may then run in any order.
 func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, "", fn, &cfg, true)
+	_, err := run(ctx, b, key, "", fn, nil, &cfg, true)
 	return err
 }
 
@@ -196,11 +196,14 @@ func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Con
 // The wrapper acks a duplicate only when ran is false. fp is the payload's
 // fingerprint ("" for none): stored by the completion, and compared with
 // the stored one when the key is done.
-func run(ctx context.Context, b store.Backend, key, fp string, fn func(context.Context) error, cfg *lockConfig, mutex bool) (ran bool, err error) {
+//
+// With tx set (and fn nil) the body runs inside the backend's transaction
+// that also completes the claim (see LockTx).
+func run(ctx context.Context, b store.Backend, key, fp string, fn func(context.Context) error, tx txFunc, cfg *lockConfig, mutex bool) (ran bool, err error) {
 	if b == nil {
 		return false, errors.New("idempotency: nil backend")
 	}
-	if fn == nil {
+	if fn == nil && tx == nil {
 		return false, errors.New("idempotency: nil body")
 	}
 	if err := cfg.validate(); err != nil {
@@ -277,6 +280,9 @@ func run(ctx context.Context, b store.Backend, key, fp string, fn func(context.C
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
 	}()
+	if tx != nil {
+		return true, runTx(ctx, bodyCtx, b, c, fp, tx, cfg, &tr, stopHeartbeat, &settled)
+	}
 	ferr := fn(tr.body(&claimCtx{Context: bodyCtx, claim: c}))
 	stopHeartbeat() // from here on c is the latest renewal's claim
 	settled = true

@@ -231,12 +231,18 @@ func WithPushAuth(verify func(r *http.Request) error) Option {
 // panics on what Idempotent panics on, and on a push option that is a
 // mistake (see WithUnwrappedPush and WithPushAuth).
 func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler {
+	return pushHandler("PushHandler", opts, func() CloudEventFunc { return Idempotent(b, opts...)(h) })
+}
+
+// pushHandler is the handler of PushHandler (fn, for panics) serving the
+// guarded function that guard builds.
+func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Handler {
 	cfg := newConfig(opts)
 	pc := newPushConfig(opts)
 	if err := pc.validate(); err != nil {
-		panic("idempotency.PushHandler: " + err.Error())
+		panic("idempotency." + fn + ": " + err.Error())
 	}
-	guarded := Idempotent(b, opts...)(h)
+	guarded := guard()
 	log := cfg.lock.log()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {

@@ -45,6 +45,8 @@ func (o Op) String() string {
 		return "Release"
 	case OpExtend:
 		return "Extend"
+	case OpCompleteTx:
+		return "CompleteTx"
 	}
 	return "Op(" + strconv.Itoa(int(o)) + ")"
 }

@@ -98,11 +98,22 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 			return changed{}, err
 		}
 		if applied {
-			if !read && misplaced(now, at) {
+			if !read && ranAhead(now, at) {
 				return changed{}, fmt.Errorf("outcome unknown: written with instants from %v, an estimate of the server's time "+
 					"that ran ahead of the commit at %v", now, at)
 			}
 			next.Version = v
+			if ranBehind(now, at) {
+				// Written from a time well before the commit: its lease
+				// or ttl ends early. Write it again from the commit's
+				// time; should that fail, the write stands as it is.
+				if fixed, write := f(cur, at); write {
+					if v2, ok, _, _, err := l.st.Update(ctx, c.Key, fixed, v); err == nil && ok {
+						fixed.Version = v2
+						next = fixed
+					}
+				}
+			}
 			return changed{rec: next, found: true, wrote: true}, nil
 		}
 		known = false // changed or gone under us: read it and decide again
@@ -113,7 +124,7 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 // fromClaim is what the record looks like while c holds it unchanged, for
 // an update that knows the version but has not read the record.
 func fromClaim(c store.Claim, ttl time.Duration) Record {
-	return Record{State: StateClaimed, Fence: c.Fence, Lease: c.LeaseExpiry, Exp: c.LeaseExpiry.Add(ttl), Token: c.Token, Version: c.Rev}
+	return Record{State: StateClaimed, Fence: c.Fence, Lease: c.LeaseExpiry, Exp: instant(c.LeaseExpiry, ttl), Token: c.Token, Version: c.Rev}
 }
 
 // Complete implements store.Backend.Complete: CompleteFingerprint with no
@@ -146,7 +157,7 @@ func (l *Lock) complete(ctx context.Context, c store.Claim, fp string) (bool, er
 		if !holds(cur, c) || cur.State == StateDone {
 			return cur, false
 		}
-		cur.State, cur.Exp, cur.Fingerprint = StateDone, now.Add(l.ttl), fp
+		cur.State, cur.Exp, cur.Fingerprint = StateDone, instant(now, l.ttl), fp
 		return cur, true
 	})
 	if err != nil {
@@ -173,7 +184,7 @@ func (l *Lock) Release(ctx context.Context, c store.Claim) error {
 			return cur, false
 		}
 		cur.Fence++
-		cur.Lease, cur.Exp = now, now.Add(l.ttl)
+		cur.Lease, cur.Exp = now, instant(now, l.ttl)
 		return cur, true
 	})
 	if err != nil {
@@ -191,13 +202,12 @@ func (l *Lock) Extend(ctx context.Context, c store.Claim, lease time.Duration) (
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
-	lease = WholeMicros(lease)
 	res, err := l.change(ctx, c, func(cur Record, now time.Time) (Record, bool) {
 		if !holds(cur, c) || cur.State != StateClaimed {
 			return cur, false
 		}
-		cur.Lease = now.Add(lease)
-		cur.Exp = cur.Lease.Add(l.ttl)
+		cur.Lease = instant(now, lease)
+		cur.Exp = instant(cur.Lease, l.ttl)
 		return cur, true
 	})
 	if err != nil {

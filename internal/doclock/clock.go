@@ -4,14 +4,17 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// WholeMicros rounds d up to a whole microsecond. Both services keep
-// timestamps in microseconds: instants are computed from bases in whole
-// microseconds plus durations rounded up this way, so what is stored is
-// exactly what a claim reports, never a fraction of a microsecond earlier.
-func WholeMicros(d time.Duration) time.Duration {
-	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
+// instant is base plus ds, rounded up to a whole microsecond and capped at
+// store.MaxInstant ([store.Instant]). Both services keep timestamps in
+// microseconds: what is stored is exactly what a claim reports, never a
+// fraction of a microsecond earlier, and a lease or ttl near
+// math.MaxInt64 never wraps an instant into the past.
+func instant(base time.Time, ds ...time.Duration) time.Time {
+	return store.Instant(base, time.Microsecond, ds...)
 }
 
 // maxObservationAge is how long a server timestamp serves as the base of an
@@ -91,6 +94,12 @@ func (c *Clock) Observe(at, sent, recv time.Time, read bool) {
 	if c.lo.stale(recv) || o.lower(recv).After(c.lo.lower(recv)) {
 		c.lo = o
 	}
+	if c.hi.upper(recv).Before(c.lo.lower(recv)) {
+		// The bounds cross: the server's clock stepped (ahead or back)
+		// since the older of the two replies. Only this reply describes
+		// the clock as it runs now.
+		c.hi, c.lo = o, o
+	}
 }
 
 // Times returns a lower and an upper bound of the server's time now. ok is
@@ -125,27 +134,38 @@ const maxUncertainty = 100 * time.Millisecond
 
 // estimate returns the upper bound of the server's time now to base a
 // write on: ok is false when there is no recent server timestamp, or the
-// bounds lie more than maxUncertainty apart.
+// bounds lie more than maxUncertainty apart, or they cross (the upper
+// below the lower: the clocks disagree, and neither bound can be trusted).
 func (c *Clock) estimate() (time.Time, bool) {
 	lo, hi, ok := c.Times()
-	if !ok || hi.Sub(lo) > maxUncertainty {
+	if !ok || hi.Before(lo) || hi.Sub(lo) > maxUncertainty {
 		return time.Time{}, false
 	}
 	return hi, true
 }
 
-// estimateSlack is how far the estimate of the server's time that a write
-// was based on may run ahead of the time the service gave the commit
-// (outbound latency, clock drift) before the write counts as misplaced.
+// estimateSlack is how far the server's time that a write based its
+// instants on may lie from the time the service gave the commit (the
+// write's latency, clock drift) before the write counts as misplaced.
 const estimateSlack = 100 * time.Millisecond
 
-// misplaced reports whether a write based on the estimate base landed at
+// ranAhead reports whether a write based on the estimate base landed at
 // server time at (zero when unknown) that is well before base: the
 // estimate ran ahead (it was taken from a request that was slow to
 // arrive), so the write's instants lie after the call. Its outcome is
 // then reported as unknown rather than with instants the call did not see.
-func misplaced(base, at time.Time) bool {
+func ranAhead(base, at time.Time) bool {
 	return !at.IsZero() && base.After(at.Add(estimateSlack))
+}
+
+// ranBehind reports whether a write based on base landed at server time
+// at (zero when unknown) well after base: the server's clock stepped
+// ahead of the estimate, or the client's clock stood still, or the write
+// was slow. Its lease or ttl then ends early, perhaps before the commit
+// (a lease that lapsed as it was written lets a second caller win the key
+// beside its holder), so the caller writes the instants again from at.
+func ranBehind(base, at time.Time) bool {
+	return !at.IsZero() && at.After(base.Add(estimateSlack))
 }
 
 // ErrNoServerTime reports a reply without the server's time from a service

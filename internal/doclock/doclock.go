@@ -90,7 +90,6 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 	if err := ctx.Err(); err != nil {
 		return store.Result{}, fmt.Errorf("%s: claim %q: %w", l.name, key, err)
 	}
-	lease = WholeMicros(lease)
 	token := store.NewToken()
 	// pending is the latest lease that a write of this call whose reply
 	// was lost may have stored; lost is that write's error.
@@ -111,8 +110,8 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 				estimated = !absent.Exact
 			}
 			if ok {
-				rec := Record{State: StateClaimed, Fence: 1, Lease: hi.Add(lease), Token: token}
-				rec.Exp = rec.Lease.Add(l.ttl)
+				rec := Record{State: StateClaimed, Fence: 1, Lease: instant(hi, lease), Token: token}
+				rec.Exp = instant(rec.Lease, l.ttl)
 				v, at, lostNow, err := l.st.Create(ctx, key, rec)
 				if lostNow != nil {
 					pending, lost = later(pending, rec.Lease), lostNow
@@ -121,11 +120,22 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 					if l.expired(rec, lost) {
 						return store.Result{}, l.expiredErr(key, rec, lost)
 					}
-					if estimated && misplaced(hi, at) {
+					if estimated && ranAhead(hi, at) {
 						return store.Result{}, l.unknown(key, fmt.Errorf("the claim was written with a lease from %v, "+
 							"an estimate of the server's time that ran ahead of the commit at %v", hi, at))
 					}
-					return won(key, rec, v), nil
+					if !ranBehind(hi, at) {
+						return won(key, rec, v), nil
+					}
+					// The lease was written from a time well before the
+					// commit: it may have lapsed already. Write it again
+					// from the commit's time, or learn who took the key.
+					res, done, err := l.rewrite(ctx, key, rec, v, at, lease, &pending, &lost)
+					if done || err != nil {
+						return res, err
+					}
+					tryCreate, absent = false, nil
+					continue
 				}
 				if !errors.Is(err, ErrExists) {
 					return store.Result{}, l.unknown(key, err)
@@ -142,7 +152,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 			// Never written, or deleted after it expired. Had a lost write
 			// of this call landed, the record would stay until at least its
 			// lease + ttl.
-			if lost != nil && !now.Before(pending.Add(l.ttl)) {
+			if lost != nil && !now.Before(instant(pending, l.ttl)) {
 				return store.Result{}, fmt.Errorf("%s: claim %q: outcome unknown: a write of this call may have won the key "+
 					"with a lease to %v, and the record, found gone at %v, could have expired since: %w", l.name, key, pending, now, lost)
 			}
@@ -177,9 +187,9 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 		if !ok {
 			return store.Result{}, l.unknown(key, ErrNoServerTime)
 		}
-		next := Record{State: StateClaimed, Fence: cur.Fence + 1, Lease: base.Add(lease), Token: token}
-		next.Exp = next.Lease.Add(l.ttl)
-		v, applied, _, lostNow, err := l.st.Update(ctx, key, next, cur.Version)
+		next := Record{State: StateClaimed, Fence: cur.Fence + 1, Lease: instant(base, lease), Token: token}
+		next.Exp = instant(next.Lease, l.ttl)
+		v, applied, at, lostNow, err := l.st.Update(ctx, key, next, cur.Version)
 		if lostNow != nil {
 			pending, lost = later(pending, next.Lease), lostNow
 		}
@@ -190,13 +200,45 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 			if l.expired(next, lost) {
 				return store.Result{}, l.expiredErr(key, next, lost)
 			}
-			return won(key, next, v), nil
+			if !ranBehind(base, at) {
+				return won(key, next, v), nil
+			}
+			res, done, err := l.rewrite(ctx, key, next, v, at, lease, &pending, &lost)
+			if done || err != nil {
+				return res, err
+			}
 		}
 		// Someone wrote or deleted the record since the read (or our own
 		// update applied and its reply was lost): look again.
 		tryCreate = false
 	}
 	return store.Result{}, fmt.Errorf("%s: claim %q: still contended after %d rounds", l.name, key, maxRounds)
+}
+
+// rewrite writes again the claim rec, written as version v with a lease
+// based on a time well before the commit's server time at, with the lease
+// running from at. done is false when someone changed the record since
+// (the lease had lapsed: the key went to another caller), for the caller
+// to read and judge again.
+func (l *Lock) rewrite(ctx context.Context, key string, rec Record, v int64, at time.Time, lease time.Duration,
+	pending *time.Time, lost *error) (res store.Result, done bool, err error) {
+	next := rec
+	next.Lease = instant(at, lease)
+	next.Exp = instant(next.Lease, l.ttl)
+	v2, applied, _, lostNow, err := l.st.Update(ctx, key, next, v)
+	if lostNow != nil {
+		*pending, *lost = later(*pending, next.Lease), lostNow
+	}
+	if err != nil {
+		return store.Result{}, true, l.unknown(key, err)
+	}
+	if !applied {
+		return store.Result{}, false, nil
+	}
+	if l.expired(next, *lost) {
+		return store.Result{}, true, l.expiredErr(key, next, *lost)
+	}
+	return won(key, next, v2), true, nil
 }
 
 // expired reports whether a claim that this call wrote after a lost reply

@@ -322,7 +322,6 @@ func configure(project string, opts []Option) (*Backend, error) {
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("datastorelock: %w", err)
 	}
-	b.ttl = doclock.WholeMicros(b.ttl)
 	if b.kind == "" || strings.HasPrefix(b.kind, "__") {
 		return nil, fmt.Errorf("datastorelock: invalid kind %q", b.kind)
 	}

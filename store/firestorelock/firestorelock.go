@@ -341,7 +341,6 @@ func configure(project string, opts []Option) (*Backend, error) {
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("firestorelock: %w", err)
 	}
-	b.ttl = doclock.WholeMicros(b.ttl)
 	if c := b.collection; c == "" || strings.Contains(c, "/") || c == "." || c == ".." ||
 		(strings.HasPrefix(c, "__") && strings.HasSuffix(c, "__")) || len(c) > 1500 {
 		return nil, fmt.Errorf("firestorelock: invalid collection ID %q", c)

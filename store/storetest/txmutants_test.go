@@ -1,0 +1,289 @@
+package storetest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+)
+
+// txMutants maps each deliberate bug of a store.TxCompleter to the RunTx
+// cases named after the rule it breaks: the suite must fail every one.
+var txMutants = map[string][]string{
+	"the mark is written before the body runs":         {"tx_body_error_leaves_no_writes_and_no_mark"},
+	"the mark is written outside the transaction":      {"tx_with_a_reply_lost_anywhere_commits_both_or_neither"},
+	"the fence is not checked":                         {"tx_of_a_superseded_holder_commits_nothing", "tx_of_a_released_claim_commits_nothing"},
+	"the writes commit when the claim is fenced out":   {"tx_of_a_superseded_holder_commits_nothing", "tx_of_a_released_claim_commits_nothing"},
+	"a completed claim commits again":                  {"tx_of_a_completed_claim_commits_nothing_more"},
+	"a body error is answered false, nil":              {"tx_body_error_leaves_no_writes_and_no_mark"},
+	"a body error still commits":                       {"tx_body_error_leaves_no_writes_and_no_mark"},
+	"the lease is tested":                              {"tx_after_the_lease_lapsed_commits_if_nobody_reclaimed"},
+	"the record is locked while the body runs":         {"tx_does_not_block_a_concurrent_claim_while_the_body_runs"},
+	"a lost commit reply is answered false":            {"tx_with_a_reply_lost_anywhere_commits_both_or_neither"},
+	"a lost commit reply is answered a plain error":    {"tx_with_a_reply_lost_anywhere_commits_both_or_neither"},
+	"a retried transaction keeps the earlier writes":   {"tx_retried_by_the_store_commits_the_writes_once"},
+	"the store never retries":                          {"tx_retried_by_the_store_commits_the_writes_once"},
+	"the writes are dropped but the mark is committed": {"tx_commits_the_body_writes_and_the_done_mark_together"},
+	"the fingerprint is dropped":                       {"tx_with_a_fingerprint_stores_it_on_the_done_record"},
+	"the key is not validated":                         {"tx_validates_its_arguments_before_any_io"},
+	"the fingerprint is not validated":                 {"tx_validates_its_arguments_before_any_io"},
+}
+
+// rowDB is the caller's data for the tx mutants: committed rows by id.
+type rowDB struct {
+	mu   sync.Mutex
+	rows map[string]int
+}
+
+type rowTx struct{ writes []string }
+
+func (db *rowDB) apply(tx *rowTx) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for _, id := range tx.writes {
+		db.rows[id]++
+	}
+}
+
+func (db *rowDB) count(_ context.Context, id string) (int, error) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.rows[id], nil
+}
+
+var errTxRetry = errors.New("rowdb: aborted")
+
+// txMutant is fake.Store with a CompleteTx that follows the rules except
+// for one bug.
+type txMutant struct {
+	*fake.Store
+	bug  string
+	db   *rowDB
+	mu   sync.Mutex  // orders the check, the commit and the mark
+	lose atomic.Bool // the next commit's reply is lost
+}
+
+func (m *txMutant) is(bug string) bool { return m.bug == bug }
+
+// LoseNextReply loses the reply of the next commit.
+func (m *txMutant) LoseNextReply() { m.lose.Store(true) }
+
+func (m *txMutant) CutConnections() { m.Store.CutConnections() }
+
+func (m *txMutant) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, *rowTx) error) (bool, error) {
+	if !m.is("the key is not validated") {
+		if err := store.ValidateKey(c.Key); err != nil {
+			return false, err
+		}
+	}
+	if !m.is("the fingerprint is not validated") {
+		if err := store.ValidateFingerprint(fp); err != nil {
+			return false, err
+		}
+	}
+	if c.Key == "" {
+		return false, nil
+	}
+	if m.is("the mark is written before the body runs") {
+		if _, err := m.CompleteFingerprint(ctx, c, fp); err != nil {
+			return false, err
+		}
+	}
+	if m.is("the record is locked while the body runs") {
+		// A Claim of the key waits for the body as on a row lock.
+		m.lockKey(c.Key)
+		defer m.unlockKey(c.Key)
+	}
+	tx := &rowTx{}
+	for {
+		err := body(ctx, tx)
+		if errors.Is(err, errTxRetry) && !m.is("the store never retries") {
+			if !m.is("a retried transaction keeps the earlier writes") {
+				tx = &rowTx{}
+			}
+			continue
+		}
+		if err != nil {
+			if m.is("a body error is answered false, nil") {
+				return false, nil
+			}
+			if m.is("a body error still commits") {
+				m.db.apply(tx)
+			}
+			return false, fmt.Errorf("mutant: the body failed: %w", err)
+		}
+		break
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, found := m.Record(c.Key)
+	current := found && r.Fence == c.Fence && r.Token == c.Token && r.State == store.Claimed
+	switch {
+	case m.is("the fence is not checked"):
+		current = found && r.State == store.Claimed
+	case m.is("a completed claim commits again"):
+		current = found && r.Fence == c.Fence && r.Token == c.Token
+	case m.is("the lease is tested"):
+		current = current && time.Now().Before(r.LeaseExpiry) && m.now().Before(r.LeaseExpiry)
+	}
+	if !current {
+		if m.is("the writes commit when the claim is fenced out") {
+			m.db.apply(tx)
+		}
+		return false, nil
+	}
+	lost := m.lose.Swap(false)
+	if m.is("the mark is written outside the transaction") && lost {
+		// The commit of the writes landed; the separate mark did not.
+		m.db.apply(tx)
+		return false, fmt.Errorf("mutant: %w", store.ErrCommitUnknown)
+	}
+	if !m.is("the writes are dropped but the mark is committed") {
+		m.db.apply(tx)
+	}
+	if m.is("the fingerprint is dropped") {
+		fp = ""
+	}
+	if !m.is("the mark is written before the body runs") {
+		if ok, err := m.CompleteFingerprint(ctx, c, fp); err != nil || !ok {
+			return false, fmt.Errorf("mutant: mark: %v %w", ok, err)
+		}
+	}
+	if lost {
+		switch {
+		case m.is("a lost commit reply is answered false"):
+			return false, nil
+		case m.is("a lost commit reply is answered a plain error"):
+			return false, errors.New("mutant: commit reply lost")
+		}
+	}
+	return true, nil
+}
+
+// The clock of the fake store, for the mutant that tests the lease.
+var txMutantClocks sync.Map // *fake.Store -> *fake.Clock
+
+func (m *txMutant) now() time.Time {
+	if c, ok := txMutantClocks.Load(m.Store); ok {
+		return c.(*fake.Clock).Now()
+	}
+	return time.Now()
+}
+
+// lockKey and unlockKey make Claim of the key wait, for the mutant that
+// locks the record while the body runs.
+var txLocked sync.Map // key -> chan struct{}
+
+func (m *txMutant) lockKey(key string) { txLocked.Store(key, make(chan struct{})) }
+func (m *txMutant) unlockKey(key string) {
+	if ch, ok := txLocked.LoadAndDelete(key); ok {
+		close(ch.(chan struct{}))
+	}
+}
+
+func (m *txMutant) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	if ch, ok := txLocked.Load(key); ok {
+		select {
+		case <-ch.(chan struct{}):
+		case <-ctx.Done():
+			return store.Result{}, ctx.Err()
+		}
+	}
+	return m.Store.Claim(ctx, key, lease)
+}
+
+// TestTxMutant runs RunTx on the tx mutant that STORETEST_TX_MUTANT
+// names. It does nothing unless TestSuiteCatchesTxMutants starts it.
+func TestTxMutant(t *testing.T) {
+	bug, ok := os.LookupEnv("STORETEST_TX_MUTANT")
+	if !ok {
+		t.Skip("run by TestSuiteCatchesTxMutants, one process per mutant")
+	}
+	if _, known := txMutants[bug]; !known && bug != "" {
+		t.Fatalf("unknown tx mutant %q", bug)
+	}
+	storetest.RunTx(t, func(t *testing.T) storetest.TxHarness[*rowTx] {
+		clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+		s := fake.New(fake.WithClock(clock.Now))
+		txMutantClocks.Store(s, clock)
+		db := &rowDB{rows: map[string]int{}}
+		m := &txMutant{Store: s, bug: bug, db: db}
+		return storetest.TxHarness[*rowTx]{
+			Harness: storetest.Harness{Backend: m, TTL: time.Hour, Advance: clock.Advance, Now: clock.Now, Faults: m},
+			Write: func(_ context.Context, tx *rowTx, id string) error {
+				tx.writes = append(tx.writes, id)
+				return nil
+			},
+			Count: db.count,
+			Retry: errTxRetry,
+		}
+	})
+}
+
+// TestSuiteCatchesTxMutants runs RunTx on every tx mutant, each in a
+// process of its own: every mutant must fail the cases named after the
+// rule it breaks, and the mutant with no bug must fail none.
+func TestSuiteCatchesTxMutants(t *testing.T) {
+	if os.Getenv("STORETEST_TX_MUTANT") != "" {
+		t.Skip("inside a mutant run")
+	}
+	failLine := regexp.MustCompile(`--- FAIL: TestTxMutant/(\S+)`)
+	passLine := regexp.MustCompile(`--- (?:PASS|SKIP): TestTxMutant/(\S+)`)
+	bugs := []string{""}
+	for bug := range txMutants {
+		bugs = append(bugs, bug)
+	}
+	sort.Strings(bugs)
+	outs := make([][]byte, len(bugs))
+	errs := make([]error, len(bugs))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i, bug := range bugs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			cmd := exec.Command(os.Args[0], "-test.run=^TestTxMutant$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "STORETEST_TX_MUTANT="+bug)
+			outs[i], errs[i] = cmd.CombinedOutput()
+		})
+	}
+	wg.Wait()
+	for i, bug := range bugs {
+		name := bug
+		if name == "" {
+			name = "no bug"
+		}
+		t.Run(name, func(t *testing.T) {
+			out := string(outs[i])
+			failed := map[string]bool{}
+			for _, m := range failLine.FindAllStringSubmatch(out, -1) {
+				failed[m[1]] = true
+			}
+			if ran := len(passLine.FindAllString(out, -1)) + len(failed); ran < 11 {
+				t.Fatalf("RunTx ran only %d cases: %v\n%s", ran, errs[i], out)
+			}
+			if bug == "" {
+				if errs[i] != nil || len(failed) > 0 {
+					t.Fatalf("the correct TxCompleter failed %v: %v\n%s", keys(failed), errs[i], out)
+				}
+				return
+			}
+			for _, w := range txMutants[bug] {
+				if !failed[w] {
+					t.Errorf("%s did not fail; failed: %v", w, keys(failed))
+				}
+			}
+		})
+	}
+}

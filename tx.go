@@ -1,0 +1,173 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/cloudevents/sdk-go/v2/event"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// TxEventFunc is a CloudEvent function whose effects are writes in tx, a
+// transaction of the backend's own store (see [IdempotentTx]).
+type TxEventFunc[Tx any] = func(ctx context.Context, e event.Event, tx Tx) error
+
+// LockTx is [Lock] for a body whose effects are writes to the store that
+// keeps the idempotency records (the same SQL database, Spanner database,
+// Datastore or Firestore project): fn receives a transaction of that store,
+// and the key is marked done in the same transaction, which commits once.
+// The body's writes and the done mark then exist together or not at all:
+// a process killed at any point before the commit leaves neither (the next
+// delivery runs fn again, from scratch), and a holder whose lease lapsed
+// and who was replaced cannot commit: its transaction is rolled back.
+//
+// Outcomes, as for Lock, except after fn ran:
+//
+//   - fn returns nil and the transaction commits: LockTx returns nil.
+//   - fn returns an error: the transaction is rolled back, the claim
+//     released, and LockTx returns fn's error unchanged.
+//   - the claim was superseded while fn ran (its lease lapsed and another
+//     delivery took the key, or it was released): rolled back, nothing
+//     committed; LockTx returns an error wrapping an *[InProgressError]
+//     (errors.Is ErrInProgress: nack, retry later).
+//   - the commit failed: the claim is released and LockTx returns the
+//     error. A commit whose reply was lost is settled by the backend
+//     before it answers; an outcome it cannot settle is an error wrapping
+//     [store.ErrCommitUnknown] (nack: a redelivery finds the key done if
+//     the commit landed).
+//
+// The store may run fn more than once, each time in a fresh transaction,
+// when it retries a transaction (an abort, a conflict); only the writes
+// of the attempt that commits exist. What fn does outside tx (a call to
+// another service, a message sent) can happen once per attempt: keep it
+// out of fn, or make it idempotent itself.
+//
+// fn's context carries the claim ([ClaimFrom]) and, under [WithHeartbeat],
+// is cancelled when the claim is lost, which rolls the transaction back.
+// A panic in fn rolls back, releases the claim, and continues.
+func LockTx[Tx any](ctx context.Context, b store.TxBackend[Tx], key string, fn func(ctx context.Context, tx Tx) error, opts ...LockOption) error {
+	if fn == nil {
+		return errors.New("idempotency: nil body")
+	}
+	cfg := newLockConfig(opts...)
+	var sb store.Backend
+	if b != nil {
+		sb = b
+	}
+	_, err := run(ctx, sb, key, cfg.fingerprint, nil, txOf(b, fn), &cfg, false)
+	return err
+}
+
+// IdempotentTx is [Idempotent] for a handler whose effects are writes to
+// the backend's own store: the handler receives a transaction of that
+// store, and the event's key is marked done in the same transaction (see
+// [LockTx] for what that guarantees and for handlers the store runs more
+// than once). The outcomes and statuses are Idempotent's, with these
+// differences:
+//
+//	claim superseded while the handler ran   503 result   503, nack; nothing committed
+//	the transaction did not commit           that error   500, nack; claim released
+//	DisableEnv set                           500 result   500, nack; handler not run
+//
+// A handler that ran and whose transaction committed is acknowledged;
+// anything else is a nack, and the redelivery finds the key done exactly
+// when the handler's writes exist. IdempotentTx panics on what Idempotent
+// panics on, and on [AllowUnguarded], which it cannot honour: without a
+// claim there is no transaction to give the handler.
+func IdempotentTx[Tx any](b store.TxBackend[Tx], opts ...Option) func(TxEventFunc[Tx]) CloudEventFunc {
+	var sb store.Backend
+	if b != nil {
+		sb = b
+	}
+	cfg := newGuardConfig("IdempotentTx", sb, opts)
+	if cfg.unguarded {
+		panic("idempotency.IdempotentTx: AllowUnguarded cannot be honoured: a transactional handler needs the transaction that only a claim opens")
+	}
+	return func(h TxEventFunc[Tx]) CloudEventFunc {
+		if h == nil {
+			panic("idempotency.IdempotentTx: nil handler")
+		}
+		return cfg.guard(sb, nil, func(e event.Event) txFunc {
+			return txOf(b, func(ctx context.Context, tx Tx) error { return h(ctx, e, tx) })
+		})
+	}
+}
+
+// PushHandlerTx is [PushHandler] for a transactional handler (see
+// [IdempotentTx]): the same requests, statuses and options, with h run
+// inside the backend's transaction that marks the key done.
+func PushHandlerTx[Tx any](b store.TxBackend[Tx], h TxEventFunc[Tx], opts ...Option) http.Handler {
+	return pushHandler("PushHandlerTx", opts, func() CloudEventFunc { return IdempotentTx(b, opts...)(h) })
+}
+
+// txFunc runs the body inside the backend's transaction that completes c
+// (store.TxCompleter.CompleteTx). bodyCtx makes the body's context from
+// the transaction's. ran reports whether the body was called, bodyErr what
+// its last call returned, done and err what CompleteTx returned.
+type txFunc func(ctx context.Context, c store.Claim, fp string, bodyCtx func(context.Context) context.Context) (ran bool, bodyErr error, done bool, err error)
+
+// txOf binds fn to b's CompleteTx.
+func txOf[Tx any](b store.TxCompleter[Tx], fn func(ctx context.Context, tx Tx) error) txFunc {
+	return func(ctx context.Context, c store.Claim, fp string, bodyCtx func(context.Context) context.Context) (ran bool, bodyErr error, done bool, err error) {
+		done, err = b.CompleteTx(ctx, c, fp, func(tctx context.Context, tx Tx) error {
+			ran = true
+			bodyErr = fn(bodyCtx(tctx), tx) // each attempt's: only the last one counts
+			return bodyErr
+		})
+		return ran, bodyErr, done, err
+	}
+}
+
+// runTx is run's transactional path after a won claim c: the body and the
+// completion in one transaction (tx). It sets *settled once the body can
+// no longer panic.
+func runTx(ctx, bodyCtx context.Context, b store.Backend, c store.Claim, fp string, tx txFunc, cfg *lockConfig, tr *tracker,
+	stopHeartbeat func(), settled *bool) error {
+	key := c.Key
+	spanCtx := tr.body(bodyCtx)
+	ran, bodyErr, done, err := tx(spanCtx, c, fp, func(tctx context.Context) context.Context {
+		return &claimCtx{Context: tctx, claim: c}
+	})
+	*settled = true
+	stopHeartbeat()
+	tr.bodyEnded(bodyErr)
+	log := cfg.log()
+	release := func() error {
+		return settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
+	}
+	switch {
+	case ran && bodyErr != nil:
+		rerr := settle(tr.settling(ctx, opRelease), cfg, func(ctx context.Context) error {
+			return retryUntilDone(ctx, func() error { return b.Release(ctx, c) })
+		})
+		tr.settled(ctx, true, rerr)
+		if rerr != nil {
+			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
+				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", rerr)
+		}
+		return bodyErr
+	case err == nil && done:
+		tr.settling(ctx, opComplete)
+		tr.settled(ctx, true, nil)
+		return nil
+	case err == nil:
+		tr.settling(ctx, opComplete)
+		tr.settled(ctx, false, nil)
+		log.WarnContext(ctx, "idempotency: the claim was superseded before the transaction committed (the work outran its lease and another delivery took the key); rolled back, nothing committed; raise the lease",
+			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry)
+		return fmt.Errorf("idempotency: key %q: the claim was superseded while the body ran; its transaction was rolled back: %w",
+			key, &InProgressError{Key: key})
+	}
+	tr.settling(ctx, opComplete)
+	tr.settled(ctx, false, err)
+	if rerr := release(); rerr != nil {
+		log.WarnContext(ctx, "idempotency: release after a failed transaction failed; the key frees when its lease lapses",
+			"key", key, "fence", c.Fence, "error", rerr)
+	}
+	log.ErrorContext(ctx, "idempotency: the transaction with the body's writes and the done mark did not commit; nacking",
+		"key", key, "fence", c.Fence, "error", err)
+	return fmt.Errorf("idempotency: key %q: the transaction did not commit: %w", key, err)
+}
