@@ -12,6 +12,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
 
 // The user's data of the CompleteTx tests: one entity of kind "Order" per
@@ -51,15 +52,36 @@ func (s sink) write(tx *datastore.Transaction, id string) error {
 	return err
 }
 
-// count is the number of committed Order entities carrying id.
+// countErr is the number of committed Order entities carrying id.
+func (s sink) countErr(ctx context.Context, id string) (int, error) {
+	q := datastore.NewQuery("Order").Namespace(s.ns).Ancestor(s.group(id)).KeysOnly()
+	keys, err := s.client.GetAll(ctx, q, nil)
+	return len(keys), err
+}
+
 func (s sink) count(t testing.TB, id string) int {
 	t.Helper()
-	q := datastore.NewQuery("Order").Namespace(s.ns).Ancestor(s.group(id)).KeysOnly()
-	keys, err := s.client.GetAll(context.Background(), q, nil)
+	n, err := s.countErr(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(keys)
+	return n
+}
+
+// The conformance suite of store.TxCompleter, with lost replies and cut
+// connections.
+func TestContractTx(t *testing.T) {
+	storetest.RunTx(t, func(t *testing.T) storetest.TxHarness[*datastore.Transaction] {
+		clock := newClock()
+		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
+		s := newSink(t)
+		return storetest.TxHarness[*datastore.Transaction]{
+			Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f},
+			Write:   func(ctx context.Context, tx *datastore.Transaction, id string) error { return s.write(tx, id) },
+			Count:   s.countErr,
+			Retry:   datastore.ErrConcurrentTransaction,
+		}
+	})
 }
 
 func claim(t testing.TB, b store.Backend, key string, lease time.Duration) store.Claim {
