@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/firestore"
@@ -79,9 +80,7 @@ const staleRounds = 3
 //
 // The client is built on the Backend's connection. When
 // FIRESTORE_EMULATOR_HOST is set, the firestore client also dials the
-// emulator on its own (and then needs the connection to be a
-// *grpc.ClientConn, as New's and Dial's usually are); that connection
-// stays idle.
+// emulator on its own; that connection stays idle.
 func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(ctx context.Context, tx *firestore.Transaction) error) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
@@ -114,6 +113,8 @@ var errFenced = errors.New("the claim no longer holds the record")
 // again on the record as it is.
 func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c store.Claim, fp string, body func(context.Context, *firestore.Transaction) error) (done, stale bool, err error) {
 	doc := client.Collection(b.collection).Doc(Name(c.Key))
+	sends := &commits{}
+	ctx = context.WithValue(ctx, commitsKey{}, sends)
 	var (
 		committing bool // the last attempt's body returned, and its commit was sent
 		next       doclock.Record
@@ -122,6 +123,7 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 	)
 	err = client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) error {
 		committing = false
+		sends.n.Store(0)
 		if err := body(ctx, tx); err != nil {
 			return err
 		}
@@ -165,18 +167,18 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		// Aborted at every attempt: none applied.
 		return false, false, fmt.Errorf("firestorelock: complete %q fence %d in a transaction: commit: %w", c.Key, c.Fence, err)
 	case status.Code(err) == codes.FailedPrecondition || status.Code(err) == codes.NotFound:
-		return b.refused(ctx, c, next, err)
+		return b.refused(ctx, c, next, sends.n.Load() > 1, err)
 	}
 	done, err = b.settle(ctx, c, err)
 	return done, false, err
 }
 
 // refused decides a commit whose precondition failed: the record is no
-// longer the one the transaction based its write on. Had the client resent
-// a commit that applied but whose reply was lost, the record is the Done
-// record next itself (true). A record that c still holds, changed, is run
+// longer the one the transaction based its write on. When the client
+// resent the commit (resent), the first send may have applied with its
+// reply lost: the record is then the Done record next itself (true). A record that c still holds, changed, is run
 // again (stale). Otherwise c no longer holds it (false).
-func (b *Backend) refused(ctx context.Context, c store.Claim, next doclock.Record, commitErr error) (done, stale bool, err error) {
+func (b *Backend) refused(ctx context.Context, c store.Claim, next doclock.Record, resent bool, commitErr error) (done, stale bool, err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	r, found, _, err := requests{b}.Read(ctx, c.Key)
@@ -189,7 +191,7 @@ func (b *Backend) refused(ctx context.Context, c store.Claim, next doclock.Recor
 	case r.State == doclock.StateClaimed:
 		return false, true, fmt.Errorf("firestorelock: complete %q fence %d in a transaction: the record changed under the claim: %w",
 			c.Key, c.Fence, commitErr)
-	case r.Lease.Equal(next.Lease) && r.Exp.Equal(next.Exp) && r.Fingerprint == next.Fingerprint:
+	case resent && r.Lease.Equal(next.Lease) && r.Exp.Equal(next.Exp) && r.Fingerprint == next.Fingerprint:
 		return true, false, nil
 	}
 	return false, false, nil // completed by another call of the same claim
@@ -230,7 +232,7 @@ type txClient struct {
 // closes.
 func (b *Backend) txClient() (*firestore.Client, error) {
 	b.tx.once.Do(func() {
-		b.tx.client, b.tx.err = firestore.NewClientWithDatabase(context.Background(), b.project, b.database, b.connOption())
+		b.tx.client, b.tx.err = firestore.NewClientWithDatabase(context.Background(), b.project, b.database, b.connOption()...)
 		if b.tx.err != nil {
 			b.tx.err = fmt.Errorf("firestorelock: a firestore client on the backend's connection: %w", b.tx.err)
 		}
@@ -238,23 +240,23 @@ func (b *Backend) txClient() (*firestore.Client, error) {
 	return b.tx.client, b.tx.err
 }
 
-// connOption hands the Backend's connection to the firestore client: as a
-// *grpc.ClientConn when it is one (or a pool of one), which overrides the
-// connection the client dials itself when FIRESTORE_EMULATOR_HOST is set;
-// else as a pool of one (WithConnPool, which the Google client libraries
-// use to share a pool), which the client refuses beside its own emulator
-// connection.
-func (b *Backend) connOption() option.ClientOption {
-	switch c := b.conn.(type) {
-	case *grpc.ClientConn:
-		return option.WithGRPCConn(c)
-	case gtransport.ConnPool:
-		if c.Num() == 1 || os.Getenv("FIRESTORE_EMULATOR_HOST") != "" {
-			return option.WithGRPCConn(c.Conn())
-		}
-	}
-	return gtransport.WithConnPool(sharedConn{b.conn})
+// connOption hands the Backend's connection to the firestore client as a
+// pool of one (WithConnPool, which the Google client libraries use to
+// share a pool), so that sharedConn sees the transaction's Commit calls.
+// WithGRPCConn(nil) first undoes the connection the client dials itself
+// when FIRESTORE_EMULATOR_HOST is set, which it would refuse beside a
+// pool (that connection stays idle).
+func (b *Backend) connOption() []option.ClientOption {
+	return []option.ClientOption{option.WithGRPCConn(nil), gtransport.WithConnPool(sharedConn{b.conn})}
 }
+
+// commits counts the Commit calls that the firestore client sends on the
+// context of one transaction: more than one means that it sent the commit
+// again (it does after Unavailable), so a refused precondition may be the
+// refusal of a resend whose first send applied.
+type commits struct{ n atomic.Int32 }
+
+type commitsKey struct{}
 
 // sharedConn lends the Backend's connection to the firestore client as a
 // pool of one that its Close leaves open.
@@ -266,5 +268,13 @@ func (s sharedConn) Conn() *grpc.ClientConn {
 	return cc
 }
 
-func (sharedConn) Num() int     { return 1 }
+func (sharedConn) Num() int { return 1 }
+
+// Invoke counts a Commit on a context that CompleteTx marked.
+func (s sharedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	if n, ok := ctx.Value(commitsKey{}).(*commits); ok && strings.HasSuffix(method, "/Commit") {
+		n.n.Add(1)
+	}
+	return s.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+}
 func (sharedConn) Close() error { return nil }

@@ -14,6 +14,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
 
 // The user's data of the CompleteTx tests: one document per write, with a
@@ -41,14 +42,35 @@ func (s sink) write(tx *firestore.Transaction, id string) error {
 	return tx.Create(s.coll.NewDoc(), map[string]any{"id": id})
 }
 
-// count is the number of committed documents carrying id.
+// countErr is the number of committed documents carrying id.
+func (s sink) countErr(ctx context.Context, id string) (int, error) {
+	docs, err := s.coll.Where("id", "==", id).Documents(ctx).GetAll()
+	return len(docs), err
+}
+
 func (s sink) count(t testing.TB, id string) int {
 	t.Helper()
-	docs, err := s.coll.Where("id", "==", id).Documents(context.Background()).GetAll()
+	n, err := s.countErr(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return len(docs)
+	return n
+}
+
+// The conformance suite of store.TxCompleter, with lost replies and cut
+// connections.
+func TestContractTx(t *testing.T) {
+	storetest.RunTx(t, func(t *testing.T) storetest.TxHarness[*firestore.Transaction] {
+		server := newClock()
+		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
+		s := newSink(t)
+		return storetest.TxHarness[*firestore.Transaction]{
+			Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f},
+			Write:   func(ctx context.Context, tx *firestore.Transaction, id string) error { return s.write(tx, id) },
+			Count:   s.countErr,
+			Retry:   status.Error(codes.Aborted, "contended"),
+		}
+	})
 }
 
 func claim(t testing.TB, b store.Backend, key string, lease time.Duration) store.Claim {
