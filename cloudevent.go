@@ -14,8 +14,10 @@ import (
 const PubSubEventType = "google.cloud.pubsub.topic.v1.messagePublished"
 
 // ErrMalformedEvent reports an event whose data is not a Pub/Sub message
-// envelope: not JSON, or without a "message" object. [Idempotent] refuses
-// such an event with a 400 nack, as it does an unkeyed one ([ErrNoKey]).
+// envelope (not JSON, or without a "message" object), or whose payload
+// has no usable business key where [JSONField] reads one (see there).
+// [Idempotent] and [PushHandler] refuse such an event with a 400 nack, as
+// they do an unkeyed one ([ErrNoKey]).
 var ErrMalformedEvent = errors.New("idempotency: malformed event")
 
 // PubSubMessage is the message inside a Pub/Sub CloudEvent.

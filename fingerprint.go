@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
@@ -8,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -40,10 +42,14 @@ type PayloadMismatchError struct {
 	Until time.Time
 }
 
-// Error names the key and both fingerprints.
+// Error names the key, and neither fingerprint: [PushHandler] and the
+// functions framework write it as the 409's body, and the stored
+// fingerprint, an unsalted hash of an earlier payload, would let whoever
+// can post to the endpoint confirm a guess of that payload. The
+// fingerprints are in Stored and Delivered, and in the ERROR line that
+// [Idempotent] and PushHandler log.
 func (e *PayloadMismatchError) Error() string {
-	return fmt.Sprintf("idempotency: payload mismatch: key %q was completed by a payload with fingerprint %q, this one has %q; not a duplicate, not run",
-		e.Key, e.Stored, e.Delivered)
+	return fmt.Sprintf("idempotency: payload mismatch: key %q was completed by a different payload; not a duplicate, not run", e.Key)
 }
 
 // Is reports whether target is ErrPayloadMismatch.
@@ -160,36 +166,94 @@ func writeField(h interface{ Write([]byte) (int, error) }, s string) {
 	h.Write([]byte(s))
 }
 
-// dataFingerprint is PayloadFingerprint(): the SHA-256 of the message data.
-// scanMessageData reads the data's base64 text in one pass without
-// decoding the envelope, and encoding/json decodes whatever it is not
-// sure of: every event gets the fingerprint a full decode gives it
-// (FuzzDataFingerprintScan pins it).
+// dataFingerprint is PayloadFingerprint(): the SHA-256 of the message data,
+// as a decode with encoding/json of the envelope into a []byte data field
+// gives it (none when that decode fails or finds no message object), but
+// without holding the decoded data: dataDigest hashes it as it is decoded.
 func dataFingerprint(e event.Event) (string, error) {
-	b64, ok := scanMessageData(e.Data())
-	if !ok {
-		return decodedDataFingerprint(e.Data()), nil
+	var w struct {
+		Message *struct {
+			Data dataDigest `json:"data"`
+		} `json:"message"`
 	}
-	sum, ok := sumBase64(b64)
-	if !ok {
-		return "", nil // encoding/json refuses it too
+	if json.Unmarshal(e.Data(), &w) != nil || w.Message == nil {
+		return "", nil
 	}
+	sum := w.Message.Data.sum()
 	return fingerprintString(DataFingerprintScheme, sum[:]), nil
 }
 
-// decodedDataFingerprint is dataFingerprint with encoding/json: "" when
-// data is not a Pub/Sub envelope with a message object.
-func decodedDataFingerprint(data []byte) string {
-	var w struct {
-		Message *struct {
-			Data []byte `json:"data"`
-		} `json:"message"`
+// keyAndFingerprint resolves e's key under c and, when it can in the same
+// pass, e's fingerprint (fpDone). Under the default key and fingerprint,
+// one decode of the envelope serves both (what each would decode alone).
+// Whatever that decode does not answer (malformed data, invalid base64,
+// no message object) goes to each function alone, so the outcome, and
+// each error, is theirs: then fpDone is false and the caller calls
+// c.fingerprintOf.
+func (c *config) keyAndFingerprint(e event.Event) (key, fp string, fpDone bool, err error) {
+	if c.fingerprint != nil && sameFunc(c.key, messageID) && sameFunc(c.fingerprint, dataFingerprint) {
+		var w struct {
+			Message *struct {
+				MessageID    string     `json:"messageId"`
+				MessageIDAlt string     `json:"message_id"`
+				Data         dataDigest `json:"data"`
+			} `json:"message"`
+		}
+		if json.Unmarshal(e.Data(), &w) == nil && w.Message != nil {
+			key, err = messageIDKey(w.Message.MessageID, w.Message.MessageIDAlt, e)
+			sum := w.Message.Data.sum()
+			return key, fingerprintString(DataFingerprintScheme, sum[:]), true, err
+		}
 	}
-	if json.Unmarshal(data, &w) != nil || w.Message == nil {
-		return ""
+	key, err = c.key(e)
+	return key, "", false, err
+}
+
+// sameFunc reports whether f is the top-level function g (not a closure).
+func sameFunc[F ~func(event.Event) (string, error)](f F, g func(event.Event) (string, error)) bool {
+	return reflect.ValueOf(f).Pointer() == reflect.ValueOf(g).Pointer()
+}
+
+// dataDigest is the SHA-256 of a []byte field as encoding/json decodes it
+// (a base64 string; null, like an absent field, is empty), without keeping
+// the bytes. Its UnmarshalJSON fails where encoding/json fails to decode
+// the value into a []byte, so the decode it is part of fails as that one
+// would; it decodes the common case, a string without escapes, a block at
+// a time, and anything else through encoding/json itself.
+type dataDigest struct {
+	digest [sha256.Size]byte
+	set    bool // digest holds the value's; else the data is empty
+}
+
+func (d *dataDigest) sum() [sha256.Size]byte {
+	if !d.set {
+		return sha256.Sum256(nil)
 	}
-	sum := sha256.Sum256(w.Message.Data)
-	return fingerprintString(DataFingerprintScheme, sum[:])
+	return d.digest
+}
+
+// UnmarshalJSON hashes the []byte that encoding/json would decode from b.
+func (d *dataDigest) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*d = dataDigest{}
+		return nil
+	}
+	if len(b) >= 2 && b[0] == '"' && bytes.IndexByte(b, '\\') < 0 {
+		// The exact base64 text (JSON allows no raw control bytes in a
+		// string, so no newline that base64 would skip).
+		sum, ok := sumBase64(b[1 : len(b)-1])
+		if !ok {
+			return errors.New("idempotency: message data is not valid base64")
+		}
+		*d = dataDigest{digest: sum, set: true}
+		return nil
+	}
+	var data []byte // an escaped string, or an array of bytes: rare
+	if err := json.Unmarshal(b, &data); err != nil {
+		return err
+	}
+	*d = dataDigest{digest: sha256.Sum256(data), set: true}
+	return nil
 }
 
 // sumBase64 is the SHA-256 of the bytes that standard base64 text b64
@@ -220,85 +284,6 @@ func sumBase64(b64 []byte) ([sha256.Size]byte, bool) {
 	}
 	h.Sum(sum[:0])
 	return sum, true
-}
-
-// scanMessageData is dataFingerprint's fast path, on the scanner of
-// scanMessageIDs: one pass over a Pub/Sub envelope that checks the JSON
-// syntax and picks out the raw text of the top-level "message" object's
-// "data" string: empty when the message holds no data (absent, empty, or
-// null, which sets a []byte to nil; all three hash alike). It follows
-// encoding/json's rules where it answers: the last of duplicate keys
-// wins, keys match ignoring ASCII case, and a second "message" object
-// adds to the first unless a null in between dropped it. ok is false for
-// anything it is not sure of (a syntax error, an escape or a non-ASCII
-// byte in a key it reads or in the data, a data that is not a string or
-// null, a "message" that is absent, null or not an object), and the caller
-// then decodes with encoding/json.
-func scanMessageData(data []byte) (b64 []byte, ok bool) {
-	s := scanner{data: data}
-	s.space()
-	if !s.next('{') {
-		return nil, false
-	}
-	message := false // message is a non-nil object
-	datas := 0       // data keys seen: past one, encoding/json decides
-	if !s.object(func(key []byte, plain bool) bool {
-		if !plain {
-			return false
-		}
-		if !foldEqual(key, "message") {
-			return s.value(1)
-		}
-		switch s.peek() {
-		case 'n':
-			if !s.literal("null") {
-				return false
-			}
-			message, b64 = false, nil
-			return true
-		case '{':
-			s.i++
-			message = true
-			return s.object(func(key []byte, plain bool) bool {
-				if !plain {
-					return false
-				}
-				if !foldEqual(key, "data") {
-					return s.value(2)
-				}
-				// A repeated data key: encoding/json keeps the last value but
-				// fails the whole decode on an invalid earlier one (base64),
-				// so it answers.
-				if datas++; datas > 1 {
-					return false
-				}
-				switch s.peek() {
-				case 'n':
-					if !s.literal("null") {
-						return false
-					}
-					b64 = nil
-					return true
-				case '"':
-					v, plain, ok := s.str()
-					if !ok || !plain {
-						return false
-					}
-					b64 = v
-					return true
-				}
-				return false
-			})
-		}
-		return false
-	}) {
-		return nil, false
-	}
-	s.space()
-	if s.i != len(s.data) || !message {
-		return nil, false
-	}
-	return b64, true
 }
 
 // fingerprintString is scheme, a colon, and the first fingerprintHexLen
@@ -340,7 +325,8 @@ func mismatch(stored, delivered string) bool {
 // do). A later delivery of the key within its ttl whose fingerprint
 // differs is not a duplicate: the handler does not run, an ERROR log
 // names the key and both fingerprints, and the delivery is nacked with a
-// 409 (an error wrapping [ErrPayloadMismatch]), so that it reaches the
+// 409 (an error wrapping [ErrPayloadMismatch], whose body carries no
+// fingerprint: see [PayloadMismatchError.Error]), so that it reaches the
 // dead-letter topic instead of being acked and lost. A record completed
 // without a fingerprint (before fingerprints, or with them off) keeps
 // acking duplicates as before. On a backend that does not implement

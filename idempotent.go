@@ -107,15 +107,35 @@ func disabled() bool {
 //
 // Idempotent panics, when it is called, on a nil backend (unless
 // DisableEnv is set then: a delivery that finds it unset later is refused
-// with a 500, a nack), a non-positive lease or settle timeout, a heartbeat
-// not shorter than the lease, a negative [WithLeaseFromDeadline] margin, a
-// nil [KeyFunc], or a prefix that breaks the [WithKeyPrefix] rule: these
+// with a 500, a nack), a lease, settle timeout or heartbeat below its
+// floor ([MinLease], [MinSettleTimeout], [MinHeartbeat]; zero and
+// negative included), a heartbeat not shorter than the lease, a negative
+// [WithLeaseFromDeadline] margin, a
+// nil [KeyFunc], a prefix that breaks the [WithKeyPrefix] rule, or
+// [WithPushAuth] (an option of PushHandler only: behind the functions
+// framework there is no request to verify, and ignoring it would leave
+// unauthenticated an endpoint its author meant to authenticate): these
 // are mistakes in the program, found at start-up.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
-	cfg := newGuardConfig("Idempotent", b, opts)
+	refusePushOptions("Idempotent", opts)
+	return idempotent("Idempotent", b, opts)
+}
+
+// refusePushOptions panics, for fn (a wrapper behind the functions
+// framework), on an option of PushHandler only.
+func refusePushOptions(fn string, opts []Option) {
+	if newPushConfig(opts).authSet {
+		panic("idempotency." + fn + ": WithPushAuth is an option of PushHandler only; a function behind the functions framework is authenticated by Cloud Run (deploy it with authentication required: see docs/deploy.md)")
+	}
+}
+
+// idempotent is Idempotent without the refusal of PushHandler's options,
+// for PushHandler; fn names the caller in panics.
+func idempotent(fn string, b store.Backend, opts []Option) func(CloudEventFunc) CloudEventFunc {
+	cfg := newGuardConfig(fn, b, opts)
 	return func(h CloudEventFunc) CloudEventFunc {
 		if h == nil {
-			panic("idempotency.Idempotent: nil handler")
+			panic("idempotency." + fn + ": nil handler")
 		}
 		return cfg.guard(b, h, nil)
 	}
@@ -168,7 +188,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	if c.msgTrace {
 		ctx = messageTrace(ctx, e)
 	}
-	key, err := c.key(e)
+	key, fp, fpDone, err := c.keyAndFingerprint(e)
 	if r, ok := err.(*refusedKeyError); ok && c.hashKeys {
 		key, err = r.key, nil // stored hashed below
 	}
@@ -183,6 +203,7 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 			"event_id", e.ID(), "event_type", e.Type())
 		return c.bodyOutcome(ctx, e, "", nilSafe(h(ctx, e)))
 	}
+	found := key
 	key = c.storedKey(key)
 	if err := store.ValidateKey(key); err != nil {
 		// A custom KeyFunc's NUL byte, or a key that the prefix pushes past
@@ -193,15 +214,16 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 		return refused(fmt.Errorf("idempotency: event %q: key%s: %w", e.ID(), hint, err))
 	}
-	fp, err := c.fingerprintOf(e)
-	if err != nil {
-		return refused(err)
+	if !fpDone {
+		if fp, err = c.fingerprintOf(e); err != nil {
+			return refused(err)
+		}
 	}
 	var ran bool
 	if txOf != nil {
-		ran, err = run(ctx, b, key, fp, nil, txOf(e), &c.lock, false)
+		ran, err = run(ctx, b, key, found, fp, nil, txOf(e), &c.lock, false)
 	} else {
-		ran, err = run(ctx, b, key, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false)
+		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false)
 	}
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))

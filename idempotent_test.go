@@ -534,7 +534,7 @@ func TestNoErrorSaysIdempotencyTwice(t *testing.T) {
 		<-ctx.Done()
 		cause = context.Cause(ctx)
 		return nil
-	}, idempotency.WithHeartbeat(time.Millisecond), idempotency.WithLogger(newDiscard()))
+	}, idempotency.WithHeartbeat(idempotency.MinHeartbeat), idempotency.WithLogger(newDiscard()))
 	collect("Lock/heartbeat cause", cause)
 
 	// PushHandler writes the error as the response body.

@@ -3,8 +3,12 @@ package idempotency
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -34,18 +38,19 @@ func MessageID() KeyFunc {
 	return messageID
 }
 
-// messageID reads only the ids: scanMessageIDs picks them out without
-// decoding the payload or the attributes, and encoding/json decodes
-// whatever that scan leaves to it, so every event gets the key a full
-// decode gives it.
+// messageID decodes only the ids, with encoding/json: the payload and the
+// attributes are skipped, not decoded.
 func messageID(e event.Event) (string, error) {
-	id, alt, ok := scanMessageIDs(e.Data())
-	if !ok {
-		var err error
-		if id, alt, err = decodeMessageIDs(e); err != nil {
-			return "", err
-		}
+	id, alt, err := decodeMessageIDs(e)
+	if err != nil {
+		return "", err
 	}
+	return messageIDKey(id, alt, e)
+}
+
+// messageIDKey is the default key of e, whose message has the ids id
+// (messageId) and alt (message_id).
+func messageIDKey(id, alt string, e event.Event) (string, error) {
 	id = firstNonEmpty(id, alt)
 	if id == "" && e.Type() == PubSubEventType {
 		id = e.ID()
@@ -53,8 +58,8 @@ func messageID(e event.Event) (string, error) {
 	return checkedKey(id, "messageId", e)
 }
 
-// decodeMessageIDs is messageID's decode with encoding/json, for whatever
-// scanMessageIDs leaves to it (and its refusals of malformed data).
+// decodeMessageIDs is messageID's decode: the message's two ids, or an
+// error wrapping ErrMalformedEvent.
 func decodeMessageIDs(e event.Event) (id, alt string, err error) {
 	var w struct {
 		Message *struct {
@@ -117,42 +122,155 @@ func Attribute(name string) KeyFunc {
 }
 
 // JSONField keys an event by a field of its Pub/Sub message payload, which
-// must be a JSON object: JSONField("order", "id") reads {"order":{"id":...}}.
-// A string is used as is; a number or boolean in its JSON spelling. A
-// missing or null field makes the event unkeyed; a payload that is not JSON,
-// or a field that is an object or array, is an error.
+// must be one JSON value: JSONField("order", "id") reads
+// {"order":{"id":...}}. The key is the field's JSON value, type included,
+// so that two different values are never one key:
+//
+//	"PO-1"        PO-1              a string is the key as is
+//	1, 1.0        json:1, json:1.0  a number: "json:" and its JSON text as written
+//	true          json:true         true and false likewise
+//	"json:x"      json:"json:x"     a string that starts with "json:": "json:" and the string in JSON
+//
+// So "1" and 1 are two keys, and so are 1 and 1.0 (the spelling counts).
+// A missing or null field, or a path through something other than an
+// object, makes the event unkeyed ([ErrNoKey]). These are the message's
+// fault, an error wrapping [ErrMalformedEvent] that names the field (a 400
+// from [Idempotent] and [PushHandler]): a payload that is not exactly one
+// JSON value (not JSON, or followed by anything but white space), a field
+// that is an object or an array, and a string field that holds bytes that
+// are not UTF-8 or a \u escape of a lone UTF-16 surrogate (which a JSON
+// decoder would turn into U+FFFD, making strings that differ only there one
+// key). Keys of object members are matched exactly; of two equal ones, the
+// last counts.
 func JSONField(path ...string) KeyFunc {
+	path = slices.Clone(path)
+	what := fmt.Sprintf("key field %q", path)
 	return func(e event.Event) (string, error) {
 		ev, err := ParsePubSub(e)
 		if err != nil {
 			return "", err
 		}
-		dec := json.NewDecoder(bytes.NewReader(ev.Message.Data))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			return "", fmt.Errorf("%w: message %q payload is not JSON: %v", ErrMalformedEvent, ev.Message.ID, err)
+		raw, err := jsonFieldValue(ev.Message.Data, path)
+		if err != nil {
+			return "", fmt.Errorf("%w: %s of message %q: %v", ErrMalformedEvent, what, ev.Message.ID, err)
 		}
-		for _, p := range path {
-			obj, ok := v.(map[string]any)
-			if !ok {
-				return "", nil
-			}
-			if v, ok = obj[p]; !ok {
-				return "", nil
-			}
+		key, err := jsonValueKey(raw)
+		if err != nil {
+			return "", fmt.Errorf("%w: %s of message %q %v", ErrMalformedEvent, what, ev.Message.ID, err)
 		}
-		what := fmt.Sprintf("key field %q", path)
-		switch x := v.(type) {
-		case nil:
-			return "", nil
-		case string:
-			return checkedKey(x, what, e)
-		case json.Number:
-			return checkedKey(x.String(), what, e)
-		case bool:
-			return strconv.FormatBool(x), nil
-		}
-		return "", fmt.Errorf("idempotency: key field %q of message %q is a %T, not a scalar", path, ev.Message.ID, v)
+		return checkedKey(key, what, e)
 	}
+}
+
+// jsonFieldValue is the JSON text of the value at path in data, nil when
+// there is none (a missing member, or a path through a non-object). An
+// error means data is not exactly one JSON value.
+func jsonFieldValue(data []byte, path []string) (json.RawMessage, error) {
+	raw := json.RawMessage(data)
+	if !json.Valid(data) {
+		var v struct{}
+		err := json.Unmarshal(data, &v) // the syntax error, with its offset
+		return nil, fmt.Errorf("the payload is not one JSON value: %v", err)
+	}
+	for _, p := range path {
+		if len(raw) == 0 || raw[firstNonSpace(raw)] != '{' {
+			return nil, nil
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return nil, fmt.Errorf("the payload is not JSON: %v", err)
+		}
+		raw = obj[p]
+	}
+	return raw, nil
+}
+
+// firstNonSpace is the index of the first byte of raw that is not JSON
+// white space (raw holds a valid JSON value, so there is one).
+func firstNonSpace(raw []byte) int {
+	for i, c := range raw {
+		if c != ' ' && c != '\t' && c != '\n' && c != '\r' {
+			return i
+		}
+	}
+	return 0
+}
+
+// jsonKeyPrefix starts the key of a JSON value that is not a plain string
+// (see JSONField).
+const jsonKeyPrefix = "json:"
+
+// jsonValueKey is JSONField's key for the JSON value raw; "" for none
+// (nil or null). Its error completes the sentence "key field ... of
+// message ...".
+func jsonValueKey(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "", nil
+	}
+	switch raw[0] {
+	case 'n':
+		return "", nil
+	case '{':
+		return "", errors.New("is an object, not a string, number or boolean")
+	case '[':
+		return "", errors.New("is an array, not a string, number or boolean")
+	case '"':
+		if err := checkJSONString(raw); err != nil {
+			return "", err
+		}
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", fmt.Errorf("is not a JSON string: %v", err)
+		}
+		if !strings.HasPrefix(s, jsonKeyPrefix) {
+			return s, nil
+		}
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(s); err != nil {
+			return "", err
+		}
+		return jsonKeyPrefix + strings.TrimSuffix(b.String(), "\n"), nil
+	}
+	return jsonKeyPrefix + string(raw), nil // a number, true or false
+}
+
+// checkJSONString refuses a JSON string literal (valid JSON) that a
+// decoder would not give back byte for byte: one with bytes that are not
+// UTF-8, or with a \u escape of a UTF-16 surrogate that is not half of a
+// pair. encoding/json turns both into U+FFFD.
+func checkJSONString(lit []byte) error {
+	if !utf8.Valid(lit) {
+		return errors.New("holds bytes that are not UTF-8")
+	}
+	hex4 := func(b []byte) rune {
+		r, _ := strconv.ParseUint(string(b), 16, 16)
+		return rune(r)
+	}
+	for i := 0; i < len(lit); i++ {
+		if lit[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character
+		if lit[i] != 'u' {
+			continue
+		}
+		r := hex4(lit[i+1 : i+5])
+		i += 4
+		switch {
+		case 0xDC00 <= r && r <= 0xDFFF:
+			return errors.New("holds a lone UTF-16 surrogate (a \\u escape of a low surrogate without its high one)")
+		case 0xD800 <= r && r <= 0xDBFF:
+			if i+6 < len(lit) && lit[i+1] == '\\' && lit[i+2] == 'u' {
+				if lo := hex4(lit[i+3 : i+7]); 0xDC00 <= lo && lo <= 0xDFFF {
+					i += 6
+					continue
+				}
+			}
+			return errors.New("holds a lone UTF-16 surrogate (a \\u escape of a high surrogate without its low one)")
+		}
+	}
+	return nil
 }

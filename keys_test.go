@@ -66,8 +66,8 @@ func TestJSONFieldKey(t *testing.T) {
 		wantErr bool
 	}{
 		{[]string{"order", "id"}, "PO-9", false},
-		{[]string{"order", "n"}, "12345678901234567", false}, // no float rounding
-		{[]string{"order", "paid"}, "true", false},
+		{[]string{"order", "n"}, "json:12345678901234567", false}, // no float rounding; not the string "12345678901234567"
+		{[]string{"order", "paid"}, "json:true", false},
 		{[]string{"order", "none"}, "", false},
 		{[]string{"order", "absent"}, "", false},
 		{[]string{"order", "id", "deeper"}, "", false},
@@ -76,8 +76,8 @@ func TestJSONFieldKey(t *testing.T) {
 	}
 	for _, c := range cases {
 		got, err := idempotency.JSONField(c.path...)(e)
-		if got != c.want || (err != nil) != c.wantErr {
-			t.Errorf("JSONField(%q) = %q, %v; want %q, error %v", c.path, got, err, c.want, c.wantErr)
+		if got != c.want || (err != nil) != c.wantErr || err != nil && !errors.Is(err, idempotency.ErrMalformedEvent) {
+			t.Errorf("JSONField(%q) = %q, %v; want %q, error (ErrMalformedEvent) %v", c.path, got, err, c.want, c.wantErr)
 		}
 	}
 	notJSON := pubsubEvent(t, "2", map[string]any{"messageId": "2", "data": base64.StdEncoding.EncodeToString([]byte("<xml/>"))})

@@ -162,7 +162,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // ignores ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, cfg.fingerprint, fn, nil, &cfg, false)
+	_, err := run(ctx, b, key, "", cfg.fingerprint, fn, nil, &cfg, false)
 	return err
 }
 
@@ -185,7 +185,7 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 // again later, and may then run in any order.
 func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, "", fn, nil, &cfg, true)
+	_, err := run(ctx, b, key, "", "", fn, nil, &cfg, true)
 	return err
 }
 
@@ -195,11 +195,13 @@ func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Con
 // a *PayloadMismatchError, an *InProgressError, or a failure to claim).
 // The wrapper acks a duplicate only when ran is false. fp is the payload's
 // fingerprint ("" for none): stored by the completion, and compared with
-// the stored one when the key is done.
+// the stored one when the key is done. found is the key as the wrapper's
+// KeyFunc found it, before the prefix and any hashing ("" for Lock and
+// Mutex): like key, it is kept out of the spans unless WithKeyInSpans.
 //
 // With tx set (and fn nil) the body runs inside the backend's transaction
 // that also completes the claim (see LockTx).
-func run(ctx context.Context, b store.Backend, key, fp string, fn func(context.Context) error, tx txFunc, cfg *lockConfig, mutex bool) (ran bool, err error) {
+func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(context.Context) error, tx txFunc, cfg *lockConfig, mutex bool) (ran bool, err error) {
 	if b == nil {
 		return false, errors.New("idempotency: nil backend")
 	}
@@ -214,7 +216,7 @@ func run(ctx context.Context, b store.Backend, key, fp string, fn func(context.C
 	}
 	lease, fromDeadline := cfg.leaseFor(ctx)
 	var tr tracker // spans and metrics (telemetry.go)
-	ctx = tr.begin(ctx, cfg, key, mutex)
+	ctx = tr.begin(ctx, cfg, key, found, mutex)
 	defer tr.end(ctx, &err)
 	res, err := b.Claim(tr.claim(ctx), key, lease)
 	tr.claimed(ctx, res, err)

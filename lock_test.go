@@ -111,7 +111,7 @@ func TestHeartbeatKeepsWorkThatOutrunsItsLeaseFromBeingReclaimed(t *testing.T) {
 			t.Errorf("redelivery during the work: %v, want ErrInProgress", err)
 		}
 		return nil
-	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(time.Millisecond))
+	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(idempotency.MinHeartbeat))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestHeartbeatCancelsTheBodyWhenTheClaimIsLost(t *testing.T) {
 		<-ctx.Done()
 		cause = context.Cause(ctx)
 		return ctx.Err()
-	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(time.Millisecond), idempotency.WithLogger(logger))
+	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(idempotency.MinHeartbeat), idempotency.WithLogger(logger))
 	if !errors.Is(err, context.Canceled) || !errors.Is(cause, store.ErrLost) {
 		t.Fatalf("err = %v, cause = %v; want the body cancelled because the claim was lost", err, cause)
 	}
@@ -160,7 +160,7 @@ func TestHeartbeatCompletesWithTheRenewedClaim(t *testing.T) {
 	err := idempotency.Lock(t.Context(), b, "k", func(context.Context) error {
 		waitExtends(t, s, 2)
 		return nil
-	}, idempotency.WithHeartbeat(time.Millisecond))
+	}, idempotency.WithHeartbeat(idempotency.MinHeartbeat))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +235,7 @@ func TestHeartbeatKeepsRenewingUntilTheBodyReturnsEvenAfterTheRequestEnds(t *tes
 			t.Errorf("redelivery while the first body still runs: %v, want ErrInProgress", err)
 		}
 		return nil
-	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(time.Millisecond))
+	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(idempotency.MinHeartbeat))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1035,14 +1035,16 @@ func TestLeaseFromDeadlineBodyThatOutlivesItsLease(t *testing.T) {
 		ctx, cancel := context.WithDeadline(t.Context(), start.Add(time.Hour))
 		defer cancel()
 		// The injected clock is past the deadline: the lease is settle +
-		// margin = 30ms, and the configured 1m heartbeat ticks at 10ms.
+		// margin = MinSettleTimeout (100ms), and the configured 1m
+		// heartbeat ticks at a third of it.
+		lease := idempotency.MinSettleTimeout
 		clock.Set(start.Add(time.Hour + time.Minute))
 		err := idempotency.Lock(ctx, s.Store, "k", func(ctx context.Context) error {
-			for range 12 { // 240ms of work on a 30ms lease
-				clock.Advance(20 * time.Millisecond)
+			for range 12 { // 8 leases of work
+				clock.Advance(lease * 2 / 3)
 				waitExtends(t, s.Store, 1)
 			}
-			if rec, _ := s.Record("k"); rec.LeaseExpiry.After(clock.Now().Add(30 * time.Millisecond)) {
+			if rec, _ := s.Record("k"); rec.LeaseExpiry.After(clock.Now().Add(lease)) {
 				t.Errorf("renewed to %v, past this delivery's lease from %v", rec.LeaseExpiry, clock.Now())
 			}
 			if err := idempotency.Lock(t.Context(), s, "k", func(context.Context) error {
@@ -1052,7 +1054,7 @@ func TestLeaseFromDeadlineBodyThatOutlivesItsLease(t *testing.T) {
 				t.Errorf("redelivery during the work: %v, want ErrInProgress", err)
 			}
 			return nil
-		}, idempotency.WithNow(clock.Now), idempotency.WithLeaseFromDeadline(0), idempotency.WithSettleTimeout(30*time.Millisecond),
+		}, idempotency.WithNow(clock.Now), idempotency.WithLeaseFromDeadline(0), idempotency.WithSettleTimeout(lease),
 			idempotency.WithLease(3*time.Minute), idempotency.WithHeartbeat(time.Minute))
 		if err != nil {
 			t.Fatal(err)

@@ -64,11 +64,19 @@ func NewLogHandler(w io.Writer, level slog.Leveler, opts ...LogOption) slog.Hand
 				return a
 			}
 			switch a.Key {
-			case slog.MessageKey:
-				a.Key = "message"
-			case slog.LevelKey:
-				a.Key = "severity"
-				a.Value = slog.StringValue(severity(a.Value.Any()))
+			case slog.MessageKey, slog.LevelKey:
+				if a.Value.Kind() == slog.KindAny {
+					if c, ok := a.Value.Any().(callerValue); ok {
+						a.Value = c.v // the caller's own, not slog's
+						return a
+					}
+				}
+				if a.Key == slog.MessageKey {
+					a.Key = "message"
+				} else {
+					a.Key = "severity"
+					a.Value = slog.StringValue(severity(a.Value.Any()))
+				}
 			}
 			return a
 		},
@@ -104,6 +112,9 @@ func (h *cloudHandler) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h *cloudHandler) Handle(ctx context.Context, r slog.Record) error {
+	if !h.grouped {
+		r = markRecord(r)
+	}
 	sc := trace.SpanContextFromContext(ctx)
 	if !sc.IsValid() {
 		return h.cur.Handle(ctx, r)
@@ -132,6 +143,9 @@ func (h *cloudHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
+	if !h.grouped {
+		attrs, _ = markAttrs(attrs)
+	}
 	return h.with(logOp{attrs: attrs}, h.cur.WithAttrs(attrs))
 }
 
@@ -148,6 +162,72 @@ func (h *cloudHandler) with(op logOp, cur slog.Handler) *cloudHandler {
 	n.ops = append(append([]logOp(nil), h.ops...), op)
 	n.grouped = h.grouped || op.group != ""
 	return &n
+}
+
+// callerValue holds the value of a caller's top-level attribute whose key
+// is slog's level or message key: the JSON handler passes slog's own level
+// and message to ReplaceAttr under the same keys, and a caller's value,
+// once wrapped in a type no caller can make, is told apart from them by
+// its type, whatever its key and value.
+type callerValue struct{ v slog.Value }
+
+// markAttr wraps a's value in a callerValue when a reaches ReplaceAttr
+// with slog's level or message key at the top level: under that key, or
+// inlined from a group without a name. A group under such a key is
+// written as an object, never passed to ReplaceAttr, and stays as it is.
+func markAttr(a slog.Attr) (slog.Attr, bool) {
+	switch a.Key {
+	case slog.LevelKey, slog.MessageKey:
+		v := a.Value.Resolve()
+		if v.Kind() == slog.KindGroup {
+			return a, false
+		}
+		return slog.Attr{Key: a.Key, Value: slog.AnyValue(callerValue{v})}, true
+	case "":
+		v := a.Value.Resolve()
+		if v.Kind() != slog.KindGroup {
+			return a, false
+		}
+		if marked, ok := markAttrs(v.Group()); ok {
+			return slog.Attr{Value: slog.GroupValue(marked...)}, true
+		}
+	}
+	return a, false
+}
+
+// markAttrs returns attrs with markAttr applied, and whether any changed:
+// attrs itself when none did, else a copy.
+func markAttrs(attrs []slog.Attr) ([]slog.Attr, bool) {
+	out, changed := attrs, false
+	for i, a := range attrs {
+		if m, ok := markAttr(a); ok {
+			if !changed {
+				out, changed = append([]slog.Attr(nil), attrs...), true
+			}
+			out[i] = m
+		}
+	}
+	return out, changed
+}
+
+// markRecord returns r with markAttr applied to its attributes: r itself
+// when none needs it.
+func markRecord(r slog.Record) slog.Record {
+	need := false
+	r.Attrs(func(a slog.Attr) bool {
+		_, need = markAttr(a)
+		return !need
+	})
+	if !need {
+		return r
+	}
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		a, _ = markAttr(a)
+		out.AddAttrs(a)
+		return true
+	})
+	return out
 }
 
 func severity(v any) string {

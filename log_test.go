@@ -1,7 +1,9 @@
 package idempotency_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"testing"
 	"time"
@@ -109,5 +111,113 @@ func TestLockLogsCarryTheTraceContext(t *testing.T) {
 	}
 	if recs[0][idempotency.LogTraceKey] != "projects/p/traces/4bf92f3577b34da6a3ce929d0e0e4736" || recs[0][idempotency.LogSpanIDKey] == nil {
 		t.Errorf("the error is not filed under the request's trace: %v", recs[0])
+	}
+}
+
+// keysOf returns the top-level keys of a JSON object line, in order,
+// repeated ones included (a map would keep only the last).
+func keysOf(t *testing.T, line []byte) []string {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("line %q is not an object: %v", line, err)
+	}
+	var keys []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, tok.(string))
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+// levelName is a LogValuer that resolves to a string.
+type levelName string
+
+func (n levelName) LogValue() slog.Value { return slog.StringValue(string(n)) }
+
+// Only slog's own level and message become "severity" and "message": a
+// caller's attribute that happens to be called "level" or "msg" keeps its
+// key and value, at the top level, inlined from a group without a name,
+// added by With, or behind a LogValuer, with or without trace fields. On
+// main its ReplaceAttr renamed it too: l.Error("payment failed", "level",
+// "gold") wrote "severity":"ERROR" and then "severity":"INFO", and Cloud
+// Logging, which keeps the last, read an error as INFO.
+func TestNewLogHandlerRenamesOnlySlogsOwnLevelAndMessage(t *testing.T) {
+	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	traced := trace.ContextWithSpanContext(t.Context(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled,
+	}))
+	for _, ctx := range []context.Context{t.Context(), traced} {
+		l := &logs{}
+		logger := slog.New(idempotency.NewLogHandler(l, slog.LevelDebug, idempotency.WithLogProject("p")))
+		logger.ErrorContext(ctx, "payment failed", "level", "gold")
+		logger.ErrorContext(ctx, "payment failed", "msg", "card declined")
+		logger.ErrorContext(ctx, "payment failed", "level", slog.LevelDebug)
+		logger.ErrorContext(ctx, "payment failed", slog.Group("", "level", "gold"))
+		logger.ErrorContext(ctx, "payment failed", "level", levelName("gold"))
+		logger.With("level", "gold").ErrorContext(ctx, "payment failed")
+		logger.With(slog.Group("", slog.String("msg", "card declined"))).ErrorContext(ctx, "payment failed")
+		logger.With("level", "gold").WithGroup("g").ErrorContext(ctx, "payment failed", "level", "silver")
+		want := []map[string]any{
+			{"level": "gold"},
+			{"msg": "card declined"},
+			{"level": "DEBUG"},
+			{"level": "gold"},
+			{"level": "gold"},
+			{"level": "gold"},
+			{"msg": "card declined"},
+			{"level": "gold", "g": map[string]any{"level": "silver"}},
+		}
+		lines := bytes.Split(bytes.TrimSpace(l.buf.Bytes()), []byte("\n"))
+		if len(lines) != len(want) {
+			t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), l.buf.String())
+		}
+		for i, line := range lines {
+			seen := map[string]int{}
+			for _, k := range keysOf(t, line) {
+				seen[k]++
+			}
+			if seen["severity"] != 1 || seen["message"] != 1 {
+				t.Errorf("line %d %s: %d severity and %d message keys, want one each", i, line, seen["severity"], seen["message"])
+			}
+			var rec map[string]any
+			if err := json.Unmarshal(line, &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec["severity"] != "ERROR" || rec["message"] != "payment failed" {
+				t.Errorf("line %d %s: not the ERROR \"payment failed\"", i, line)
+			}
+			for k, v := range want[i] {
+				if !cmp.Equal(rec[k], v) {
+					t.Errorf("line %d %s: %s is %v, want the caller's %v", i, line, k, rec[k], v)
+				}
+			}
+			if (ctx == traced) != (rec[idempotency.LogSpanIDKey] != nil) {
+				t.Errorf("line %d %s: trace fields wrong", i, line)
+			}
+		}
+	}
+}
+
+// An empty group without a name, and a group under the key "level", are
+// written as slog writes them, beside one severity.
+func TestNewLogHandlerKeepsGroupsNamedLikeTheLevel(t *testing.T) {
+	l := &logs{}
+	logger := slog.New(idempotency.NewLogHandler(l, nil))
+	logger.Error("payment failed", slog.Group(""), slog.Group("level", "tier", "gold"))
+	recs := l.records(t)
+	if len(recs) != 1 || recs[0]["severity"] != "ERROR" || !cmp.Equal(recs[0]["level"], map[string]any{"tier": "gold"}) {
+		t.Fatalf("records %v", recs)
+	}
+	if k := keysOf(t, bytes.TrimSpace(l.buf.Bytes())); len(k) != 4 {
+		t.Fatalf("keys %v, want time, severity, message, level", k)
 	}
 }

@@ -33,6 +33,34 @@ type LockOption interface {
 // so a request that ends the moment the work ends still records the outcome.
 const DefaultSettleTimeout = 10 * time.Second
 
+// The floors of the durations the options set: a shorter one cannot work,
+// and [Lock] and [Mutex] return an error, and [Idempotent] and
+// [PushHandler] panic, as they do for a zero or negative one.
+const (
+	// MinLease is the shortest lease [WithLease] accepts. A claim must
+	// outlast its own round trip to the store and the start of its body:
+	// a lease shorter than that lapses before the body runs, and any
+	// other delivery may take the key beside it. 100 ms is a few round
+	// trips to the slowest of this module's stores (a Spanner commit),
+	// and the least a lease needs to be of to be renewed at all (it must
+	// exceed MinHeartbeat).
+	MinLease = 100 * time.Millisecond
+	// MinSettleTimeout is the shortest settle timeout
+	// [WithSettleTimeout] accepts: the Complete or Release after the
+	// body must have time to reach the store and come back. With less
+	// (1 ns on main), Complete was never attempted: Lock returned nil,
+	// the key stayed claimed, and a redelivery after the lease ran the
+	// work again. 100 ms leaves one round trip to any of this module's
+	// stores and a retry after the first backoff (20 ms).
+	MinSettleTimeout = 100 * time.Millisecond
+	// MinHeartbeat is the shortest interval [WithHeartbeat] accepts.
+	// Each renewal is a write to the store, at most one in flight: at 1
+	// ns the renewals ran back to back, over a million a second against
+	// the fake store. 100 ms bounds them at ten a second per running
+	// body, against leases that are seconds to minutes long.
+	MinHeartbeat = 100 * time.Millisecond
+)
+
 // config is what the options of Idempotent set.
 type config struct {
 	lock      lockConfig
@@ -112,11 +140,20 @@ func (c *lockConfig) validate() error {
 	if err := store.ValidateLease(c.lease); err != nil {
 		return err
 	}
+	if c.lease < MinLease {
+		return fmt.Errorf("%w: %v is shorter than MinLease (%v)", store.ErrInvalidLease, c.lease, MinLease)
+	}
 	if c.settle <= 0 {
 		return fmt.Errorf("settle timeout %v is not positive", c.settle)
 	}
+	if c.settle < MinSettleTimeout {
+		return fmt.Errorf("settle timeout %v is shorter than MinSettleTimeout (%v): Complete would have no time to reach the store", c.settle, MinSettleTimeout)
+	}
 	if c.heartbeat < 0 || (c.heartbeat > 0 && c.heartbeat >= c.lease) {
 		return fmt.Errorf("heartbeat %v must be positive and shorter than the lease %v", c.heartbeat, c.lease)
+	}
+	if c.heartbeat > 0 && c.heartbeat < MinHeartbeat {
+		return fmt.Errorf("heartbeat %v is shorter than MinHeartbeat (%v)", c.heartbeat, MinHeartbeat)
 	}
 	if c.margin < 0 {
 		return fmt.Errorf("lease margin %v is negative", c.margin)
@@ -193,8 +230,10 @@ func OnDuplicate(hook func(ctx context.Context, key string) error) Option {
 // WithLease sets the lease of each claim: how long the holder owns the key
 // before another delivery may take it over. It must exceed the longest run
 // of the guarded work. The default is [store.DefaultLease] (15 minutes). A
-// lease that is not positive makes [Lock] and [Mutex] return an error
-// wrapping [store.ErrInvalidLease], and makes [Idempotent] panic.
+// lease shorter than [MinLease] (100 ms; zero and negative included) makes
+// [Lock] and [Mutex] return an error wrapping [store.ErrInvalidLease], and
+// makes [Idempotent] panic. Any longer lease is honoured, up to
+// math.MaxInt64 (see [store.ValidateLease]).
 func WithLease(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.lease = d })
 }
@@ -207,7 +246,10 @@ func WithLogger(l *slog.Logger) LockOption {
 
 // WithSettleTimeout bounds the Complete or Release call after the body
 // (a failing call is retried within it). The default is
-// [DefaultSettleTimeout].
+// [DefaultSettleTimeout]. A timeout shorter than [MinSettleTimeout]
+// (100 ms; zero and negative included) makes [Lock] and [Mutex] return
+// an error, and [Idempotent] panic: the call after the body would have no
+// time to reach the store.
 func WithSettleTimeout(d time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.settle = d })
 }
@@ -227,10 +269,14 @@ func WithSettleTimeout(d time.Duration) LockOption {
 // time beside it. A body stuck for good holds the key until its process
 // ends; then the lease lapses and the key frees.
 //
-// interval must be shorter than the lease (a third of it leaves room for
-// two failed renewals); [Lock] and [Mutex] return an error, and
-// [Idempotent] panics, otherwise. The default is no heartbeat. On a
-// backend without Extend, the option is ignored with a warning.
+// interval must be at least [MinHeartbeat] (100 ms: each renewal is a
+// write to the store) and shorter than the lease (a third of it leaves
+// room for two failed renewals); [Lock] and [Mutex] return an error, and
+// [Idempotent] panics, otherwise. Under [WithLeaseFromDeadline] the
+// renewals tick at a third of the delivery's lease when that is shorter,
+// which a lease of at least the settle timeout keeps above a third of
+// MinSettleTimeout. The default is no heartbeat. On a backend without
+// Extend, the option is ignored with a warning.
 func WithHeartbeat(interval time.Duration) LockOption {
 	return lockOption(func(c *lockConfig) { c.heartbeat = interval })
 }
@@ -252,7 +298,7 @@ func WithHeartbeat(interval time.Duration) LockOption {
 // legitimately run (its context is live until the deadline), and it is
 // longer than WithLease's when the deadline is further away: WithLease is
 // only the fallback. A deadline already past gives settle timeout +
-// margin, which is positive, as [store.ValidateLease] requires.
+// margin, which is at least [MinSettleTimeout], so at least [MinLease].
 //
 // margin covers what the deadline does not: a body that takes a moment to
 // return once its context ends, and, on backends that judge leases by

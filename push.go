@@ -1,6 +1,8 @@
 package idempotency
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/event"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
@@ -159,16 +162,21 @@ func WithUnwrappedPush(attributes ...string) Option {
 // WithPushAuth makes [PushHandler] call verify on every request before it
 // reads the body, and refuse the request when verify returns an error:
 // with 403 when the error wraps [ErrPushForbidden], else with 401 (and a
-// WWW-Authenticate: Bearer header). A refused request never reaches the
+// WWW-Authenticate: Bearer header). The error goes to the log (WARN), and
+// the body is only the status text: a verifier's words may say what it
+// expects (an account, an audience), which is no business of an
+// unauthenticated sender. A verify that panics is a 500 with an ERROR
+// line, never a dropped connection. A refused request never reaches the
 // backend: nothing is claimed, nothing is run. The module
 // github.com/gcp-pubsub-idempotency/idempotency/pushauth gives a verify
 // that checks the OIDC token Pub/Sub puts on an authenticated push
 // subscription's requests (its audience, issuer and service account); it
 // is a module of its own so that this one does not depend on Google's API
 // client. verify must be safe for concurrent use. PushHandler panics on a
-// nil verify. [Idempotent] ignores this option: a function behind the
-// functions framework is authenticated by Cloud Run itself (deploy it
-// with authentication required; see docs/deploy.md).
+// nil verify. [Idempotent] panics on this option, rather than run
+// unauthenticated an endpoint meant to be authenticated: a function
+// behind the functions framework is authenticated by Cloud Run itself
+// (deploy it with authentication required; see docs/deploy.md).
 func WithPushAuth(verify func(r *http.Request) error) Option {
 	return pushOption(func(pc *pushConfig) {
 		pc.auth = verify
@@ -227,11 +235,12 @@ func WithPushAuth(verify func(r *http.Request) error) Option {
 // CloudEvent of that very message id; any other is refused with a 400 that
 // names the option, rather than keyed on a body that is, most likely, an
 // unwrapped payload. Errors are logged at ERROR, contention and refused
-// requests at WARN, and the error text is the response body. PushHandler
+// requests at WARN, and the error text is the response body (but for
+// WithPushAuth's refusals, whose body is the status text). PushHandler
 // panics on what Idempotent panics on, and on a push option that is a
 // mistake (see WithUnwrappedPush and WithPushAuth).
 func PushHandler(b store.Backend, h CloudEventFunc, opts ...Option) http.Handler {
-	return pushHandler("PushHandler", opts, func() CloudEventFunc { return Idempotent(b, opts...)(h) })
+	return pushHandler("PushHandler", opts, func() CloudEventFunc { return idempotent("PushHandler", b, opts)(h) })
 }
 
 // pushHandler is the handler of PushHandler (fn, for panics) serving the
@@ -251,7 +260,11 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 			return
 		}
 		if pc.auth != nil {
-			if err := pc.auth(r); err != nil {
+			if panicked, err := verify(pc.auth, r); panicked {
+				log.ErrorContext(r.Context(), "idempotency: the push verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
+				http.Error(w, "the push verifier failed", http.StatusInternalServerError)
+				return
+			} else if err != nil {
 				status := http.StatusUnauthorized
 				if errors.Is(err, ErrPushForbidden) {
 					status = http.StatusForbidden
@@ -259,7 +272,7 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 					w.Header().Set("WWW-Authenticate", "Bearer")
 				}
 				log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated push request", "status", status, "error", err)
-				http.Error(w, err.Error(), status)
+				http.Error(w, http.StatusText(status), status)
 				return
 			}
 		}
@@ -300,6 +313,18 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 	})
 }
 
+// verify calls the push verifier, with a panic in it reported as
+// panicked and its value as err: a verifier sees every request, an
+// unauthenticated one included.
+func verify(auth func(*http.Request) error, r *http.Request) (panicked bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			panicked, err = true, fmt.Errorf("%v", p)
+		}
+	}()
+	return false, auth(r)
+}
+
 // unwrappedNoKey adds to the ErrNoKey of an unwrapped push what can key
 // it.
 func unwrappedNoKey(err error, hasID bool) error {
@@ -313,9 +338,14 @@ func unwrappedNoKey(err error, hasID bool) error {
 // without a message id.
 const unidentifiedPushType = "io.github.gcp-pubsub-idempotency.push.unidentified"
 
-// readBody reads the request body, up to MaxPushBody.
+// readBody reads the request body, up to MaxPushBody. Its buffer grows
+// towards the request's Content-Length, when it gives one, in at most
+// three steps (io.ReadAll's growth would allocate about twice the body);
+// but only as far as the bytes that arrived vouch for it: the first
+// buffer is at most readAhead, and each next at most 4 times the last, so
+// a request that claims 16 MiB and sends nothing costs 1 MiB.
 func readBody(r *http.Request) ([]byte, int, error) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, MaxPushBody+1))
+	body, err := readAll(io.LimitReader(r.Body, MaxPushBody+1), r.ContentLength)
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("reading the body: %w", err)
 	}
@@ -323,6 +353,53 @@ func readBody(r *http.Request) ([]byte, int, error) {
 		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("body over %d bytes", MaxPushBody)
 	}
 	return body, 0, nil
+}
+
+// readAhead is the most readBody allocates before any byte arrives.
+const readAhead = 1 << 20
+
+// readAll is io.ReadAll for a body that says it has size bytes (<= 0: it
+// does not say); see readBody.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	want := 512 // what io.ReadAll starts with
+	if size > 0 && size <= MaxPushBody {
+		want = int(size) + 1 // +1: the read that finds EOF
+	}
+	b := make([]byte, 0, min(want, readAhead))
+	for {
+		if len(b) == cap(b) {
+			if next := min(want, 4*cap(b)); next > cap(b) {
+				b = append(make([]byte, 0, next), b...)
+			} else {
+				b = append(b, 0)[:len(b)] // past what the body said: as io.ReadAll
+			}
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// bodyMessage is a CloudEvents HTTP message whose body was read already:
+// a binary-mode event gets that body as its data, not a copy of it.
+type bodyMessage struct {
+	*cehttp.Message
+	body []byte
+}
+
+// ReadBinary reads the headers as the SDK does, and gives w the body as
+// a *bytes.Buffer, which the SDK's event builder keeps without copying.
+func (m bodyMessage) ReadBinary(ctx context.Context, w binding.BinaryWriter) error {
+	m.Message.BodyReader = nil
+	if err := m.Message.ReadBinary(ctx, w); err != nil {
+		return err
+	}
+	return w.SetData(bytes.NewBuffer(m.body))
 }
 
 // pushEvent reads the request as a CloudEvent or a raw push envelope. A
@@ -349,8 +426,8 @@ func wrappedEvent(r *http.Request) (event.Event, int, error) {
 		return event.Event{}, status, err
 	}
 	if r.Header.Get("Ce-Id") != "" || strings.Contains(r.Header.Get("Content-Type"), "cloudevents") {
-		r.Body = io.NopCloser(strings.NewReader(string(body)))
-		e, err := cehttp.NewEventFromHTTPRequest(r)
+		msg := cehttp.NewMessage(r.Header, io.NopCloser(bytes.NewReader(body)))
+		e, err := binding.ToEvent(r.Context(), bodyMessage{msg, body})
 		if err != nil {
 			return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: not a valid CloudEvent: %v", ErrMalformedEvent, err)
 		}
@@ -371,9 +448,7 @@ func wrappedEvent(r *http.Request) (event.Event, int, error) {
 		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: push envelope has no \"message\"", ErrMalformedEvent)
 	}
 	e := pubsubEventFor(firstNonEmpty(env.Message.MessageID, env.Message.MessageIDAlt), env.Subscription, env.Message.PublishTime)
-	if err := e.SetData(event.ApplicationJSON, json.RawMessage(body)); err != nil {
-		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
-	}
+	setJSONData(&e, body)
 	return e, 0, nil
 }
 
@@ -460,8 +535,14 @@ func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
 		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
 	}
 	e := pubsubEventFor(msg.MessageID, sub, msg.PublishTime)
-	if err := e.SetData(event.ApplicationJSON, json.RawMessage(data)); err != nil {
-		return event.Event{}, http.StatusBadRequest, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
-	}
+	setJSONData(&e, data)
 	return e, 0, nil
+}
+
+// setJSONData makes data, valid JSON, e's data as it is: SetData would
+// marshal a json.RawMessage, a compacted copy of it.
+func setJSONData(e *event.Event, data []byte) {
+	e.SetDataContentType(event.ApplicationJSON)
+	e.DataEncoded = data
+	e.DataBase64 = false
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -113,6 +114,10 @@ func WithMeterProvider(mp metric.MeterProvider) LockOption {
 // "idempotency.key". It is off by default: a key may be a business
 // identifier (an order id, an email address) that does not belong in
 // traces, and it is of unbounded cardinality. Metrics never carry it.
+// Without it, no span carries the key anywhere: an error a span records
+// (a backend's error names the key, a body's may) has the key, as stored
+// and as the [KeyFunc] found it, replaced by "[key]" in its
+// "exception.message" event attribute and its status description.
 func WithKeyInSpans() LockOption {
 	return lockOption(func(c *lockConfig) { c.tel.key = true })
 }
@@ -299,6 +304,7 @@ type tracker struct {
 	tracer trace.Tracer
 	in     *instruments
 	key    string
+	found  string // the key as the KeyFunc found it ("" for Lock and Mutex)
 	keyOn  bool
 	// noop: the tracer made no span of its own for the call (a no-op
 	// provider, or the global one before any is set): the child spans are
@@ -320,14 +326,14 @@ type tracker struct {
 
 // begin starts the call's span, "idempotency.lock" or
 // "idempotency.mutex", on ctx and returns ctx with it.
-func (t *tracker) begin(ctx context.Context, cfg *lockConfig, key string, mutex bool) context.Context {
+func (t *tracker) begin(ctx context.Context, cfg *lockConfig, key, found string, mutex bool) context.Context {
 	if telemetryswitch.Off.Load() { // a benchmark's baseline
 		t.in, t.call, t.noop = &noInstruments, noop.Span{}, true
 		return ctx
 	}
 	t.tracer = cfg.tel.tracer()
 	t.in = cfg.tel.instruments()
-	t.key, t.keyOn = key, cfg.tel.key
+	t.key, t.found, t.keyOn = key, found, cfg.tel.key
 	t.timed = t.in.claim != nil && t.in.settle != nil && t.in.claim.Enabled(ctx)
 	if t.tracer == nil {
 		t.call, t.noop = noop.Span{}, true
@@ -375,11 +381,59 @@ func (t *tracker) endChild(err error) {
 		return
 	}
 	if err != nil {
-		t.span.RecordError(err)
-		t.span.SetStatus(codes.Error, err.Error())
+		t.recordError(t.span, err)
 	}
 	t.span.End()
 	t.span = nil
+}
+
+// recordError records err on s, as an exception event and as the
+// status: as span.RecordError would, except that without WithKeyInSpans
+// the key is replaced by redactedKey wherever the message holds it (a
+// backend's error names the key, and a body's may).
+func (t *tracker) recordError(s trace.Span, err error) {
+	msg := err.Error()
+	if red := t.redact(msg); red != msg {
+		s.AddEvent("exception", trace.WithAttributes(
+			attribute.String("exception.type", typeName(err)),
+			attribute.String("exception.message", red)))
+		s.SetStatus(codes.Error, red)
+		return
+	}
+	s.RecordError(err)
+	s.SetStatus(codes.Error, msg)
+}
+
+// redactedKey stands for the key in what a span records of an error.
+const redactedKey = "[key]"
+
+// redact returns msg with the key (as stored, and as the KeyFunc found
+// it; raw, and as %q escapes it) replaced by redactedKey, unless the key
+// may be on spans.
+func (t *tracker) redact(msg string) string {
+	if t.keyOn {
+		return msg
+	}
+	for _, k := range [2]string{t.key, t.found} {
+		if k == "" {
+			continue
+		}
+		if q := strconv.Quote(k); q[1:len(q)-1] != k {
+			msg = strings.ReplaceAll(msg, q[1:len(q)-1], redactedKey)
+		}
+		msg = strings.ReplaceAll(msg, k, redactedKey)
+	}
+	return msg
+}
+
+// typeName names err's type as the OpenTelemetry SDK's RecordError does
+// in "exception.type".
+func typeName(err error) string {
+	ty := reflect.TypeOf(err)
+	if ty.PkgPath() == "" && ty.Name() == "" {
+		return ty.String()
+	}
+	return ty.PkgPath() + "." + ty.Name()
 }
 
 // claim starts the claim's span and clock; it returns the context to
@@ -510,7 +564,7 @@ func (t *tracker) end(ctx context.Context, errp *error) {
 		case OutcomeWon, OutcomeDuplicate, OutcomeInProgress:
 		case OutcomeFailed:
 			if t.bodyErr != nil {
-				s.SetStatus(codes.Error, t.bodyErr.Error())
+				s.SetStatus(codes.Error, t.redact(t.bodyErr.Error()))
 			} else {
 				s.SetStatus(codes.Error, errBodyPanicked.Error())
 			}
@@ -520,8 +574,7 @@ func (t *tracker) end(ctx context.Context, errp *error) {
 			s.SetStatus(codes.Error, "idempotency: the body ran but marking the key done failed")
 		default:
 			if err != nil {
-				s.RecordError(err)
-				s.SetStatus(codes.Error, err.Error())
+				t.recordError(s, err)
 			} else {
 				s.SetStatus(codes.Error, t.outcome)
 			}

@@ -57,7 +57,7 @@ func LockTx[Tx any](ctx context.Context, b store.TxBackend[Tx], key string, fn f
 	if b != nil {
 		sb = b
 	}
-	_, err := run(ctx, sb, key, cfg.fingerprint, nil, txOf(b, fn), &cfg, false)
+	_, err := run(ctx, sb, key, "", cfg.fingerprint, nil, txOf(b, fn), &cfg, false)
 	return err
 }
 
@@ -78,17 +78,24 @@ func LockTx[Tx any](ctx context.Context, b store.TxBackend[Tx], key string, fn f
 // panics on, and on [AllowUnguarded], which it cannot honour: without a
 // claim there is no transaction to give the handler.
 func IdempotentTx[Tx any](b store.TxBackend[Tx], opts ...Option) func(TxEventFunc[Tx]) CloudEventFunc {
+	refusePushOptions("IdempotentTx", opts)
+	return idempotentTx("IdempotentTx", b, opts)
+}
+
+// idempotentTx is IdempotentTx without the refusal of PushHandler's
+// options, for PushHandlerTx; fn names the caller in panics.
+func idempotentTx[Tx any](fn string, b store.TxBackend[Tx], opts []Option) func(TxEventFunc[Tx]) CloudEventFunc {
 	var sb store.Backend
 	if b != nil {
 		sb = b
 	}
-	cfg := newGuardConfig("IdempotentTx", sb, opts)
+	cfg := newGuardConfig(fn, sb, opts)
 	if cfg.unguarded {
-		panic("idempotency.IdempotentTx: AllowUnguarded cannot be honoured: a transactional handler needs the transaction that only a claim opens")
+		panic("idempotency." + fn + ": AllowUnguarded cannot be honoured: a transactional handler needs the transaction that only a claim opens")
 	}
 	return func(h TxEventFunc[Tx]) CloudEventFunc {
 		if h == nil {
-			panic("idempotency.IdempotentTx: nil handler")
+			panic("idempotency." + fn + ": nil handler")
 		}
 		return cfg.guard(sb, nil, func(e event.Event) txFunc {
 			return txOf(b, func(ctx context.Context, tx Tx) error { return h(ctx, e, tx) })
@@ -100,7 +107,7 @@ func IdempotentTx[Tx any](b store.TxBackend[Tx], opts ...Option) func(TxEventFun
 // [IdempotentTx]): the same requests, statuses and options, with h run
 // inside the backend's transaction that marks the key done.
 func PushHandlerTx[Tx any](b store.TxBackend[Tx], h TxEventFunc[Tx], opts ...Option) http.Handler {
-	return pushHandler("PushHandlerTx", opts, func() CloudEventFunc { return IdempotentTx(b, opts...)(h) })
+	return pushHandler("PushHandlerTx", opts, func() CloudEventFunc { return idempotentTx("PushHandlerTx", b, opts)(h) })
 }
 
 // txFunc runs the body inside the backend's transaction that completes c

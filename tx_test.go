@@ -307,6 +307,14 @@ func TestIdempotentTxRefusesWhatItCannotHonour(t *testing.T) {
 		}()
 		idempotency.IdempotentTx(b, idempotency.AllowUnguarded())
 	}()
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(r.(string), "WithPushAuth") {
+				t.Fatalf("IdempotentTx with WithPushAuth: recovered %v, want a panic naming it", r)
+			}
+		}()
+		idempotency.IdempotentTx(b, idempotency.WithPushAuth(func(*http.Request) error { return nil }))
+	}()
 	t.Setenv(idempotency.DisableEnv, "1")
 	ran := false
 	f := idempotency.IdempotentTx(b, idempotency.WithLogger(newDiscard()))(func(context.Context, cloudevents.Event, *ledgerTx) error { ran = true; return nil })

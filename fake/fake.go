@@ -74,7 +74,10 @@ type Option func(*Store)
 
 // WithTTL sets how long a completed key suppresses duplicates (and how long
 // a Claimed record outlives its lease). The default is [store.DefaultTTL].
-// [New] panics if ttl is not positive.
+// [New] panics if ttl is not positive. Any positive ttl and lease is
+// honoured to the nanosecond, as the port's arithmetic ([store.Instant])
+// adds them: an instant after [store.MaxInstant] is capped at it, which
+// math.MaxInt64 for both (about 584 years) does not reach.
 func WithTTL(ttl time.Duration) Option {
 	return func(s *Store) { s.ttl = ttl }
 }
@@ -274,8 +277,8 @@ func (s *Store) claim(key string, lease time.Duration) store.Result {
 	r.Fence++
 	var buf [32]byte // one allocation for the token, not two
 	r.Token = string(strconv.AppendInt(append(buf[:0], "fake-"...), s.tokens, 10))
-	r.LeaseExpiry = now.Add(lease)
-	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	r.LeaseExpiry = store.Instant(now, 0, lease)
+	r.ExpiresAt = store.Instant(r.LeaseExpiry, 0, s.TTL())
 	r.Fingerprint = ""
 	return store.Result{
 		Outcome: store.Won,
@@ -318,7 +321,7 @@ func (s *Store) complete(c store.Claim, fp string) bool {
 	}
 	if r.State == store.Claimed {
 		r.State = store.Done
-		r.ExpiresAt = s.clock().Add(s.TTL())
+		r.ExpiresAt = store.Instant(s.clock(), 0, s.TTL())
 		r.Fingerprint = fp
 	}
 	return true
@@ -339,7 +342,7 @@ func (s *Store) Release(ctx context.Context, c store.Claim) error {
 	if ok && r.State == store.Claimed && r.Fence == c.Fence && r.Token == c.Token {
 		r.Fence++
 		r.LeaseExpiry = s.clock()
-		r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+		r.ExpiresAt = store.Instant(r.LeaseExpiry, 0, s.TTL())
 	}
 	return s.reply(OpRelease, cut)
 }
@@ -365,8 +368,8 @@ func (s *Store) Extend(ctx context.Context, c store.Claim, lease time.Duration) 
 		}
 		return c, fmt.Errorf("fake: extend %q fence %d: %w", c.Key, c.Fence, store.ErrLost)
 	}
-	r.LeaseExpiry = s.clock().Add(lease)
-	r.ExpiresAt = r.LeaseExpiry.Add(s.TTL())
+	r.LeaseExpiry = store.Instant(s.clock(), 0, lease)
+	r.ExpiresAt = store.Instant(r.LeaseExpiry, 0, s.TTL())
 	if err := s.reply(OpExtend, cut); err != nil {
 		return c, err
 	}

@@ -28,6 +28,7 @@ func TestContract(t *testing.T) {
 			Advance: clock.Advance,
 			Now:     clock.Now,
 			Faults:  s,
+			WithTTL: func(ttl time.Duration) store.Backend { return fake.New(fake.WithClock(clock.Now), fake.WithTTL(ttl)) },
 		}
 	})
 }
@@ -44,6 +45,7 @@ func TestContractRealTime(t *testing.T) {
 			TTL:     time.Second,
 			Step:    20 * time.Millisecond,
 			Faults:  s,
+			WithTTL: func(ttl time.Duration) store.Backend { return fake.New(fake.WithTTL(ttl)) },
 		}
 	})
 }

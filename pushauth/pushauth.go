@@ -29,6 +29,8 @@ package pushauth
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -110,6 +112,13 @@ func New(ctx context.Context, audience, serviceAccount string, opts ...Option) (
 // removed: see the package doc), and an error wrapping
 // [idempotency.ErrPushForbidden] for a valid token of another account.
 // Errors never contain the token.
+//
+// Pub/Sub signs its tokens with RS256: a token with any other alg in its
+// header (ES256, which idtoken would check against IAP's keys, HS256,
+// none) is refused before its signature is looked at. Verify never
+// panics: should the token check panic, the request is refused as
+// unauthenticated, so that a forged token cannot turn into a dropped
+// connection and a stack trace in the log.
 func (v *Verifier) Verify(r *http.Request) error {
 	auths := r.Header.Values("Authorization")
 	if len(auths) != 1 {
@@ -123,11 +132,50 @@ func (v *Verifier) Verify(r *http.Request) error {
 	if strings.HasSuffix(token, "."+removedSignature) {
 		return fmt.Errorf("%w: the token's signature was removed by Cloud Run, which verified it itself: with authentication required, Cloud Run is the check, and WithPushAuth cannot repeat it", ErrUnauthenticated)
 	}
-	p, err := v.v.Validate(r.Context(), token, v.audience)
+	if alg, err := algorithm(token); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
+	} else if alg != "RS256" {
+		return fmt.Errorf("%w: the token is signed with %.32q, and Pub/Sub signs with RS256", ErrUnauthenticated, alg)
+	}
+	p, err := v.validate(r.Context(), token)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUnauthenticated, err)
 	}
 	return v.claims(p)
+}
+
+// validate is idtoken's check of the token, with a panic in it turned
+// into an error that says nothing of the token or of the panic's value.
+func (v *Verifier) validate(ctx context.Context, token string) (p *idtoken.Payload, err error) {
+	defer func() {
+		if recover() != nil {
+			p, err = nil, errors.New("the token check failed on a malformed token")
+		}
+	}()
+	return v.v.Validate(ctx, token, v.audience)
+}
+
+// algorithm returns the alg of the token's header, read as idtoken reads
+// it (base64url without padding, then encoding/json into a struct field
+// tagged "alg": a repeated or differently cased "alg" key is resolved the
+// same way in both places), so that the alg checked here is the one
+// idtoken would act on.
+func algorithm(token string) (string, error) {
+	head, _, ok := strings.Cut(token, ".")
+	if !ok {
+		return "", errors.New("the token is not a JWT")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(head)
+	if err != nil {
+		return "", errors.New("the token's header is not base64url")
+	}
+	var h struct {
+		Algorithm string `json:"alg"`
+	}
+	if err := json.Unmarshal(raw, &h); err != nil {
+		return "", errors.New("the token's header is not a JSON object")
+	}
+	return h.Algorithm, nil
 }
 
 // claims checks what idtoken.Validate leaves to its caller: the issuer

@@ -3,6 +3,8 @@ package pushauth_test
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/sha256"
@@ -10,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"math/big"
 	"net/http"
@@ -31,12 +34,17 @@ const (
 	audience = "https://orders.example.com/orders"
 	pushSA   = "push@my-project.iam.gserviceaccount.com"
 	keyID    = "test-key-1"
+	// iapKeyID is the kid of the ES256 key in the stand-in for Google's
+	// IAP key set, which idtoken reads for an ES256 token.
+	iapKeyID = "iap-key-1"
 )
 
-// google is a stand-in for Google's certificate endpoint: an httptest
-// server publishing one RSA key as a JWKS, reached through a client whose
-// transport sends every request to it (idtoken fetches
-// https://www.googleapis.com/oauth2/v3/certs).
+// google is a stand-in for Google's certificate endpoints: an httptest
+// server publishing one RSA key as a JWKS, and one P-256 key as IAP's
+// JWKS, reached through a client whose transport sends every request to
+// it (idtoken fetches https://www.googleapis.com/oauth2/v3/certs for an
+// RS256 token, https://www.gstatic.com/iap/verify/public_key-jwk for an
+// ES256 one). Nothing reaches the network.
 type google struct {
 	key     *rsa.PrivateKey
 	fetches atomic.Int32
@@ -49,19 +57,29 @@ func newGoogle(t testing.TB) *google {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ec, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
 	g := &google{key: key}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/oauth2/v3/certs" {
-			http.NotFound(w, r)
-			return
-		}
-		g.fetches.Add(1)
 		b64 := base64.RawURLEncoding.EncodeToString
 		w.Header().Set("Cache-Control", "public, max-age=3600")
-		json.NewEncoder(w).Encode(map[string]any{"keys": []map[string]string{{
-			"kid": keyID, "kty": "RSA", "alg": "RS256", "use": "sig",
-			"n": b64(key.N.Bytes()), "e": b64(big.NewInt(int64(key.E)).Bytes()),
-		}}})
+		switch r.URL.Path {
+		case "/oauth2/v3/certs":
+			g.fetches.Add(1)
+			json.NewEncoder(w).Encode(map[string]any{"keys": []map[string]string{{
+				"kid": keyID, "kty": "RSA", "alg": "RS256", "use": "sig",
+				"n": b64(key.N.Bytes()), "e": b64(big.NewInt(int64(key.E)).Bytes()),
+			}}})
+		case "/iap/verify/public_key-jwk":
+			json.NewEncoder(w).Encode(map[string]any{"keys": []map[string]string{{
+				"kid": iapKeyID, "kty": "EC", "alg": "ES256", "use": "sig", "crv": "P-256",
+				"x": b64(ec.X.FillBytes(make([]byte, 32))), "y": b64(ec.Y.FillBytes(make([]byte, 32))),
+			}}})
+		default:
+			http.NotFound(w, r)
+		}
 	}))
 	t.Cleanup(srv.Close)
 	to, _ := url.Parse(srv.URL)
@@ -273,5 +291,152 @@ func BenchmarkVerify(b *testing.B) {
 		if err := v.Verify(request(auth)); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// forged is a token an unauthenticated sender can write: any header and
+// claims, and a signature of its choosing.
+func forged(header, claims string, sig []byte) string {
+	b64 := base64.RawURLEncoding.EncodeToString
+	return b64([]byte(header)) + "." + b64([]byte(claims)) + "." + b64(sig)
+}
+
+// verify calls Verify and reports a panic as an error of the test.
+func verify(t testing.TB, v *pushauth.Verifier, r *http.Request) (err error) {
+	t.Helper()
+	defer func() {
+		if p := recover(); p != nil {
+			t.Fatalf("Verify panicked: %v", p)
+		}
+	}()
+	return v.Verify(r)
+}
+
+// passingClaims are claims that pass idtoken's audience and expiry
+// checks, which a forger writes too.
+var passingClaims = fmt.Sprintf(`{"iss":"https://accounts.google.com","aud":%q,"email":%q,"email_verified":true,"exp":4102444800}`, audience, pushSA)
+
+// A forged ES256 token whose kid is in Google's (IAP) key set and whose
+// signature is shorter than 32 bytes made idtoken slice past its end and
+// panic (issue 23): through PushHandler, the client saw EOF and the log a
+// stack trace. Verify refuses every alg but RS256 before idtoken sees the
+// token, so the request is a 401.
+func TestForgedES256WithShortSignatureIsRefusedNotAPanic(t *testing.T) {
+	g := newGoogle(t)
+	v, err := pushauth.New(t.Context(), audience, pushSA, pushauth.WithHTTPClient(g.client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, header string
+		sig          []byte
+	}{
+		{"ES256, IAP kid, 5-byte signature", `{"alg":"ES256","typ":"JWT","kid":"` + iapKeyID + `"}`, []byte("short")},
+		{"ES256, IAP kid, empty signature", `{"alg":"ES256","typ":"JWT","kid":"` + iapKeyID + `"}`, nil},
+		{"ES256, IAP kid, 64-byte signature", `{"alg":"ES256","typ":"JWT","kid":"` + iapKeyID + `"}`, make([]byte, 64)},
+		{"alg in another case after RS256", `{"alg":"RS256","ALG":"ES256","kid":"` + iapKeyID + `"}`, []byte("short")},
+		{"HS256", `{"alg":"HS256","kid":"` + keyID + `"}`, []byte("short")},
+		{"no alg", `{"kid":"` + keyID + `"}`, []byte("short")},
+		{"header not JSON", `ES256`, []byte("short")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tok := forged(c.header, passingClaims, c.sig)
+			err := verify(t, v, request("Bearer "+tok))
+			if !errors.Is(err, pushauth.ErrUnauthenticated) || errors.Is(err, idempotency.ErrPushForbidden) {
+				t.Fatalf("error %v, want ErrUnauthenticated only", err)
+			}
+			if strings.Contains(err.Error(), tok) {
+				t.Fatalf("the error %q contains the token", err)
+			}
+		})
+	}
+
+	// Through PushHandler on a real server: a 401, not a dropped
+	// connection, and no stack trace in the log.
+	var logged strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logged, nil))
+	srv := httptest.NewUnstartedServer(idempotency.PushHandler(fake.New(), func(context.Context, cloudevents.Event) error {
+		t.Error("the handler ran")
+		return nil
+	}, idempotency.WithLogger(logger), idempotency.WithPushAuth(v.Verify)))
+	srv.Config.ErrorLog = log.New(&logged, "", 0)
+	srv.Start()
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(`{"message":{"messageId":"m-1"}}`))
+	req.Header.Set("Authorization", "Bearer "+forged(`{"alg":"ES256","typ":"JWT","kid":"`+iapKeyID+`"}`, passingClaims, []byte("short")))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("the request failed: %v (the server dropped the connection)", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("HTTP %d, want 401", resp.StatusCode)
+	}
+	if strings.Contains(logged.String(), "panic") || strings.Contains(logged.String(), "goroutine ") {
+		t.Fatalf("the log holds a panic:\n%s", logged.String())
+	}
+}
+
+// FuzzVerifyForgedToken is an unauthenticated sender: any header, claims
+// and signature (or any Authorization header at all), against a Verifier
+// whose key set holds an RS256 and an ES256 key. Verify never panics, and
+// refuses every such request as unauthenticated (a 401): no one without
+// Google's private key gets a token through, nor a 403 that says the
+// token was Google's.
+func FuzzVerifyForgedToken(f *testing.F) {
+	g := newGoogle(f)
+	v, err := pushauth.New(f.Context(), audience, pushSA, pushauth.WithHTTPClient(g.client))
+	if err != nil {
+		f.Fatal(err)
+	}
+	es256 := `{"alg":"ES256","typ":"JWT","kid":"` + iapKeyID + `"}`
+	rs256 := `{"alg":"RS256","typ":"JWT","kid":"` + keyID + `"}`
+	f.Add(es256, passingClaims, []byte("short"), "")
+	f.Add(es256, passingClaims, []byte{}, "")
+	f.Add(es256, passingClaims, make([]byte, 64), "")
+	f.Add(rs256, passingClaims, make([]byte, 256), "")
+	f.Add(rs256, passingClaims, []byte("short"), "")
+	f.Add(`{"alg":"none"}`, passingClaims, []byte{}, "")
+	f.Add(`{"alg":"RS256","ALG":"ES256","kid":"`+iapKeyID+`"}`, passingClaims, []byte("x"), "")
+	f.Add(rs256, `{"aud":"`+audience+`","exp":1e400}`, []byte("x"), "")
+	f.Add("", "", []byte{}, "Bearer a.b.c")
+	f.Add("", "", []byte{}, "Bearer ..SIGNATURE_REMOVED_BY_GOOGLE")
+	f.Fuzz(func(t *testing.T, header, claims string, sig []byte, raw string) {
+		auth := raw
+		if auth == "" {
+			auth = "Bearer " + forged(header, claims, sig)
+		}
+		err := verify(t, v, request(auth))
+		if !errors.Is(err, pushauth.ErrUnauthenticated) || errors.Is(err, idempotency.ErrPushForbidden) {
+			t.Fatalf("Authorization %q: error %v, want ErrUnauthenticated only", auth, err)
+		}
+		if tok := strings.TrimSpace(auth[min(len(auth), len("Bearer ")):]); len(tok) >= 16 && strings.Contains(err.Error(), tok) {
+			t.Fatalf("the error %q contains the token", err)
+		}
+	})
+}
+
+// panicking is a transport that panics, as a bug on the token check's
+// path would.
+type panicking struct{}
+
+func (panicking) RoundTrip(*http.Request) (*http.Response, error) { panic("transport bug") }
+
+// Whatever panics while a token is checked (here the fetch of Google's
+// keys), Verify refuses the request as unauthenticated instead of
+// panicking, and the error carries neither the token nor the panic.
+func TestPanicInTheTokenCheckIsARefusal(t *testing.T) {
+	g := newGoogle(t)
+	v, err := pushauth.New(t.Context(), audience, pushSA, pushauth.WithHTTPClient(&http.Client{Transport: panicking{}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := token(t, g.key, keyID, claims(nil))
+	err = verify(t, v, request("Bearer "+tok))
+	if !errors.Is(err, pushauth.ErrUnauthenticated) {
+		t.Fatalf("error %v, want ErrUnauthenticated", err)
+	}
+	if strings.Contains(err.Error(), tok) || strings.Contains(err.Error(), "transport bug") {
+		t.Fatalf("the error %q carries the token or the panic", err)
 	}
 }

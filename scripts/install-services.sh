@@ -12,6 +12,10 @@ if ! command -v initdb >/dev/null 2>&1 && [ ! -x /usr/local/bin/initdb ] &&
 	! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
 	pkgs+=(postgresql)
 fi
+# libfaketime: the contract suite's server clock that jumps runs PostgreSQL
+# and MariaDB under it.
+compgen -G '/usr/lib/*/faketime/libfaketime.so.1' >/dev/null ||
+	compgen -G '/usr/local/lib/faketime/libfaketime.so.1' >/dev/null || pkgs+=(libfaketime)
 
 sdk=/usr/lib/google-cloud-sdk/platform
 if [ -z "${DATASTORE_EMULATOR_HOST:-}" ] && [ ! -x "$sdk/cloud-datastore-emulator/cloud_datastore_emulator" ]; then

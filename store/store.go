@@ -73,7 +73,8 @@ const (
 	// DefaultTTL is how long a completed key suppresses duplicates, and how
 	// long a Claimed record outlives its lease. Lease + ttl must exceed the
 	// longest life of a holder process (Cloud Run caps a request at 60 min;
-	// 15 min + 1 h clears it).
+	// 15 min + 1 h clears it). Every backend takes any positive ttl in its
+	// place, up to math.MaxInt64 (see [ValidateTTL]).
 	DefaultTTL = time.Hour
 )
 
@@ -139,7 +140,11 @@ func ValidateFingerprint(fp string) error {
 }
 
 // ValidateLease returns an error wrapping ErrInvalidLease when lease is not
-// positive.
+// positive. Every positive lease is valid, up to math.MaxInt64 (about 292
+// years), and a backend honours it: it computes the lease expiry with
+// [Instant] or sends the lease in its store's unit with [CeilUnits], which
+// round up and saturate (at [MaxInstant]) rather than wrap, so a lease at
+// the limit of time.Duration never ends in the past.
 func ValidateLease(lease time.Duration) error {
 	if lease <= 0 {
 		return fmt.Errorf("%w: %v is not positive", ErrInvalidLease, lease)
@@ -148,7 +153,9 @@ func ValidateLease(lease time.Duration) error {
 }
 
 // ValidateTTL returns an error wrapping ErrInvalidTTL when ttl is not
-// positive. Backends call it from their constructors.
+// positive. Backends call it from their constructors. Every positive ttl
+// is valid, up to math.MaxInt64, and a backend honours it as it honours a
+// lease (see [ValidateLease]): the port saturates, it does not refuse.
 func ValidateTTL(ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("%w: %v is not positive", ErrInvalidTTL, ttl)
@@ -267,6 +274,9 @@ type Result struct {
 //   - It MUST NOT report a claim as not won when it may have won it: if the
 //     outcome of a write is unknown, return an error, not HeldByOther.
 //   - It MUST NOT delete a record before its expires-at instant.
+//   - It MUST honour every positive lease and ttl, up to math.MaxInt64:
+//     instants through [Instant], durations in a store's unit through
+//     [CeilUnits], never arithmetic that can wrap into the past.
 //   - Complete, Release and Extend MUST act only on a record whose fence
 //     and token both match the claim's.
 type Backend interface {

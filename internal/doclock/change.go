@@ -55,6 +55,7 @@ type changed struct {
 // skips the read: if the record changed since, the conditioned update does
 // not apply, and the next round reads it.
 func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now time.Time) (next Record, write bool)) (changed, error) {
+	start := l.clock.Now() // the call began: no instant it writes may lie before it
 	cur := fromClaim(c, l.ttl)
 	known := c.Rev != 0
 	var (
@@ -91,6 +92,7 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 			return changed{rec: cur, found: true}, nil
 		}
 		v, applied, at, lostNow, err := l.st.Update(ctx, c.Key, next, cur.Version)
+		rtt := l.clock.Now().Sub(start)
 		if lostNow != nil {
 			pending, lost, sent = later(pending, takeable(next)), lostNow, append(sent, next)
 		}
@@ -103,10 +105,11 @@ func (l *Lock) change(ctx context.Context, c store.Claim, f func(cur Record, now
 					"that ran ahead of the commit at %v", now, at)
 			}
 			next.Version = v
-			if ranBehind(now, at) {
-				// Written from a time well before the commit: its lease
-				// or ttl ends early. Write it again from the commit's
-				// time; should that fail, the write stands as it is.
+			if ranBehind(now, at, rtt) {
+				// Written from a time before the call began (by the
+				// server's clock): its lease or ttl ends early. Write it
+				// again from the commit's time; should that fail, the
+				// write stands as it is.
 				if fixed, write := f(cur, at); write {
 					if v2, ok, _, _, err := l.st.Update(ctx, c.Key, fixed, v); err == nil && ok {
 						fixed.Version = v2

@@ -159,13 +159,17 @@ func ranAhead(base, at time.Time) bool {
 }
 
 // ranBehind reports whether a write based on base landed at server time
-// at (zero when unknown) well after base: the server's clock stepped
-// ahead of the estimate, or the client's clock stood still, or the write
-// was slow. Its lease or ttl then ends early, perhaps before the commit
+// at (zero when unknown) further after base than the time elapsed since
+// the call began (rtt, on the client's clock) explains: base lies before
+// the call began, by the server's clock. The server's clock stepped ahead of the
+// estimate, or the client's clock stood still. The write's lease or ttl
+// then ends before the call could have made it, perhaps before the commit
 // (a lease that lapsed as it was written lets a second caller win the key
-// beside its holder), so the caller writes the instants again from at.
-func ranBehind(base, at time.Time) bool {
-	return !at.IsZero() && at.After(base.Add(estimateSlack))
+// beside its holder), so the caller writes the instants again from at. A
+// base within the call's window, however slow the write, is left alone: a
+// second write would move instants that others may already have seen.
+func ranBehind(base, at time.Time, rtt time.Duration) bool {
+	return !at.IsZero() && at.Sub(base) > rtt+estimateSlack
 }
 
 // ErrNoServerTime reports a reply without the server's time from a service

@@ -91,6 +91,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 		return store.Result{}, fmt.Errorf("%s: claim %q: %w", l.name, key, err)
 	}
 	token := store.NewToken()
+	start := l.clock.Now() // the call began: no instant it writes may lie before it
 	// pending is the latest lease that a write of this call whose reply
 	// was lost may have stored; lost is that write's error.
 	var (
@@ -113,6 +114,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 				rec := Record{State: StateClaimed, Fence: 1, Lease: instant(hi, lease), Token: token}
 				rec.Exp = instant(rec.Lease, l.ttl)
 				v, at, lostNow, err := l.st.Create(ctx, key, rec)
+				rtt := l.clock.Now().Sub(start)
 				if lostNow != nil {
 					pending, lost = later(pending, rec.Lease), lostNow
 				}
@@ -124,7 +126,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 						return store.Result{}, l.unknown(key, fmt.Errorf("the claim was written with a lease from %v, "+
 							"an estimate of the server's time that ran ahead of the commit at %v", hi, at))
 					}
-					if !ranBehind(hi, at) {
+					if !ranBehind(hi, at, rtt) {
 						return won(key, rec, v), nil
 					}
 					// The lease was written from a time well before the
@@ -190,6 +192,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 		next := Record{State: StateClaimed, Fence: cur.Fence + 1, Lease: instant(base, lease), Token: token}
 		next.Exp = instant(next.Lease, l.ttl)
 		v, applied, at, lostNow, err := l.st.Update(ctx, key, next, cur.Version)
+		rtt := l.clock.Now().Sub(start)
 		if lostNow != nil {
 			pending, lost = later(pending, next.Lease), lostNow
 		}
@@ -200,7 +203,7 @@ func (l *Lock) Claim(ctx context.Context, key string, lease time.Duration) (stor
 			if l.expired(next, lost) {
 				return store.Result{}, l.expiredErr(key, next, lost)
 			}
-			if !ranBehind(base, at) {
+			if !ranBehind(base, at, rtt) {
 				return won(key, next, v), nil
 			}
 			res, done, err := l.rewrite(ctx, key, next, v, at, lease, &pending, &lost)

@@ -146,3 +146,36 @@ func (b backendFunc) Complete(ctx context.Context, c store.Claim) (bool, error) 
 }
 
 func (b backendFunc) Release(ctx context.Context, c store.Claim) error { return b.release(ctx, c) }
+
+// keyFree checks the rule of WithKeyInSpans: without it, no span carries
+// any of keys (the key as stored, the key as the KeyFunc found it)
+// anywhere: not in its name, an attribute, an event's name or
+// attributes, its status description, or a link's attributes.
+func keyFree(t *testing.T, spans []sdktrace.ReadOnlySpan, keys ...string) {
+	t.Helper()
+	has := func(where, s string, sp sdktrace.ReadOnlySpan) {
+		for _, k := range keys {
+			if strings.Contains(s, k) {
+				t.Errorf("%s: %s %q carries the key %q without WithKeyInSpans", sp.Name(), where, s, k)
+			}
+		}
+	}
+	attrs := func(where string, kvs []attribute.KeyValue, sp sdktrace.ReadOnlySpan) {
+		for _, kv := range kvs {
+			has(where+" attribute "+string(kv.Key)+" key", string(kv.Key), sp)
+			has(where+" attribute "+string(kv.Key), kv.Value.String(), sp)
+		}
+	}
+	for _, s := range spans {
+		has("name", s.Name(), s)
+		attrs("span", s.Attributes(), s)
+		for _, e := range s.Events() {
+			has("event name", e.Name, s)
+			attrs("event "+e.Name, e.Attributes, s)
+		}
+		has("status description", s.Status().Description, s)
+		for _, l := range s.Links() {
+			attrs("link", l.Attributes, s)
+		}
+	}
+}

@@ -229,7 +229,7 @@ func TestFunctionsFrameworkOutcomesOnTheWire(t *testing.T) {
 			s := fake.New()
 			b := backendFunc{claim: s.Claim, release: s.Release,
 				complete: func(context.Context, store.Claim) (bool, error) { return false, errStore }}
-			return b, handler(new(bool)), []idempotency.Option{idempotency.WithSettleTimeout(30 * time.Millisecond)}
+			return b, handler(new(bool)), []idempotency.Option{idempotency.WithSettleTimeout(idempotency.MinSettleTimeout)}
 		}, http.StatusOK, idempotency.OutcomeCompleteFailed, true},
 		{"fenced out", func(t *testing.T, msg *pubsubtest.Message) (store.Backend, idempotency.CloudEventFunc, []idempotency.Option) {
 			clock := fake.NewClock(epoch)

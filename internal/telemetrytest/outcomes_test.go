@@ -3,16 +3,19 @@ package telemetrytest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/pubsubtest"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -22,10 +25,17 @@ const key = "orders:PO-1"
 
 // Every outcome of Lock and Mutex: the spans (in the order they start;
 // "!" marks an Error status), the outcome on the call's span, and what
-// the three instruments counted.
+// the three instruments counted. In every one, no span carries the key
+// anywhere (keyFree), though the backend's errors name it, as the real
+// backends' do, and a body's error may too: on main, claim_failed and
+// payload_mismatch put it in the call span's status and exception event.
 func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 	errBody := errors.New("supplier said no")
 	errStore := errors.New("store unreachable")
+	claimErr := func(key string) error { return fmt.Errorf("store: claim %q: %w", key, errStore) }
+	settleErr := func(op string, c store.Claim) error {
+		return fmt.Errorf("store: %s %q fence %d: %w", op, c.Key, c.Fence, errStore)
+	}
 	type setup struct {
 		b     store.Backend
 		fn    func(context.Context) error
@@ -100,6 +110,30 @@ func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 			wantSettle:  "idempotency.settle.operation=release",
 		},
 		{
+			name: "failed with the key in the body's error",
+			setup: func(t *testing.T) setup {
+				return setup{b: fake.New(), fn: func(context.Context) error { return fmt.Errorf("order %s: %w", key, errBody) }}
+			},
+			wantSpans:   []string{"idempotency.lock!", "idempotency.claim", "idempotency.body!", "idempotency.release"},
+			wantOutcome: idempotency.OutcomeFailed,
+			wantClaim:   "idempotency.claim.result=won",
+			wantSettle:  "idempotency.settle.operation=release",
+		},
+		{
+			name: "failed, and the release failed",
+			setup: func(t *testing.T) setup {
+				s := fake.New()
+				b := backendFunc{claim: s.Claim, complete: s.Complete,
+					release: func(_ context.Context, c store.Claim) error { return settleErr("release", c) }}
+				return setup{b: b, fn: func(context.Context) error { return errBody },
+					opts: []idempotency.LockOption{idempotency.WithSettleTimeout(100 * time.Millisecond)}}
+			},
+			wantSpans:   []string{"idempotency.lock!", "idempotency.claim", "idempotency.body!", "idempotency.release!"},
+			wantOutcome: idempotency.OutcomeFailed,
+			wantClaim:   "idempotency.claim.result=won",
+			wantSettle:  "error.type=_OTHER,idempotency.settle.operation=release",
+		},
+		{
 			name: "failed by a panic",
 			setup: func(t *testing.T) setup {
 				return setup{b: fake.New(), fn: func(context.Context) error { panic("boom") }}
@@ -135,8 +169,8 @@ func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 			setup: func(t *testing.T) setup {
 				s := fake.New()
 				b := backendFunc{claim: s.Claim, release: s.Release,
-					complete: func(context.Context, store.Claim) (bool, error) { return false, errStore }}
-				return setup{b: b, fn: ok, opts: []idempotency.LockOption{idempotency.WithSettleTimeout(30 * time.Millisecond)}}
+					complete: func(_ context.Context, c store.Claim) (bool, error) { return false, settleErr("complete", c) }}
+				return setup{b: b, fn: ok, opts: []idempotency.LockOption{idempotency.WithSettleTimeout(idempotency.MinSettleTimeout)}}
 			},
 			wantSpans:   []string{"idempotency.lock!", "idempotency.claim", "idempotency.body", "idempotency.complete!"},
 			wantOutcome: idempotency.OutcomeCompleteFailed,
@@ -146,8 +180,8 @@ func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 		{
 			name: "claim failed",
 			setup: func(t *testing.T) setup {
-				b := backendFunc{claim: func(context.Context, string, time.Duration) (store.Result, error) {
-					return store.Result{}, errStore
+				b := backendFunc{claim: func(_ context.Context, key string, _ time.Duration) (store.Result, error) {
+					return store.Result{}, claimErr(key)
 				}}
 				return setup{b: b, fn: mustNotRun(t)}
 			},
@@ -217,6 +251,7 @@ func TestEveryOutcomeIsTracedAndCounted(t *testing.T) {
 				t.Errorf("outcome %q, want %q", v.AsString(), c.wantOutcome)
 			}
 			won := c.wantClaim == "idempotency.claim.result=won"
+			keyFree(t, got, key)
 			for _, s := range got {
 				if _, has := attr(s, "idempotency.key"); has {
 					t.Errorf("%s carries the key without WithKeyInSpans", s.Name())
@@ -304,5 +339,49 @@ func mustNotRun(t *testing.T) func(context.Context) error {
 	return func(context.Context) error {
 		t.Error("the body ran")
 		return nil
+	}
+}
+
+// Through Idempotent, the key as the KeyFunc found it ("PO-7", before the
+// prefix) is kept out of the spans too: here in a handler's error, in a
+// claim error and in a payload mismatch. With WithKeyInSpans the errors
+// are recorded as they are.
+func TestIdempotentKeepsTheFoundKeyOutOfSpans(t *testing.T) {
+	const found = "PO-7"
+	for _, keyOn := range []bool{false, true} {
+		r := newRig(t)
+		opts := []idempotency.Option{idempotency.WithLogger(discard), idempotency.WithTracerProvider(r.tp), idempotency.WithMeterProvider(r.mp),
+			idempotency.WithKey(idempotency.Attribute("po_id")), idempotency.WithKeyPrefix("orders:")}
+		if keyOn {
+			opts = append(opts, idempotency.WithKeyInSpans())
+		}
+		msg := func(data string) *pubsubtest.Message {
+			return &pubsubtest.Message{ID: pubsubtest.NewID(), Data: []byte(data), Attributes: map[string]string{"po_id": found}}
+		}
+		s := fake.New()
+		failing := func(context.Context, cloudevents.Event) error { return fmt.Errorf("order %s: supplier said no", found) }
+		_ = idempotency.Idempotent(s, opts...)(failing)(t.Context(), msg(`{"qty":1}`).Event())
+		_ = idempotency.Idempotent(s, opts...)(func(context.Context, cloudevents.Event) error { return nil })(t.Context(), msg(`{"qty":1}`).Event())
+		_ = idempotency.Idempotent(s, opts...)(failing)(t.Context(), msg(`{"qty":2}`).Event())
+		broken := backendFunc{claim: func(_ context.Context, key string, _ time.Duration) (store.Result, error) {
+			return store.Result{}, fmt.Errorf("store: claim %q: unreachable", key)
+		}}
+		_ = idempotency.Idempotent(broken, opts...)(failing)(t.Context(), msg(`{"qty":1}`).Event())
+		spans := r.spans()
+		if diff := cmp.Diff([]string{
+			"idempotency.lock!", "idempotency.claim", "idempotency.body!", "idempotency.release",
+			"idempotency.lock", "idempotency.claim", "idempotency.body", "idempotency.complete",
+			"idempotency.lock!", "idempotency.claim",
+			"idempotency.lock!", "idempotency.claim!",
+		}, names(spans)); diff != "" {
+			t.Fatalf("spans (-want +got):\n%s", diff)
+		}
+		if !keyOn {
+			keyFree(t, spans, found)
+			continue
+		}
+		if d := spans[2].Status().Description; d != "order PO-7: supplier said no" {
+			t.Errorf("with WithKeyInSpans, the body's status %q, want the error as it is", d)
+		}
 	}
 }

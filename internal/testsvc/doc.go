@@ -12,7 +12,9 @@
 //
 // A test that kills, restarts or reconfigures its server gets one of its
 // own, stopped when the test ends: [StartRedis], [StartRedisCluster],
-// [StartPostgres], [StartMariaDB], [StartMariaDBInZone]. A package whose
+// [StartPostgres], [StartMariaDB], [StartMariaDBInZone]. A test that jumps
+// its server's wall clock gets a server started under libfaketime, one test
+// at a time: [PostgresOnFakeClock], [MariaDBOnFakeClock]. A package whose
 // tests use the shared servers calls [StopAll] from TestMain after m.Run.
 //
 // A service that is neither named nor installed skips the test with a

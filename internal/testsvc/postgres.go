@@ -104,8 +104,9 @@ func StartPostgres(t testing.TB) (*Process, string) {
 }
 
 // startPostgres runs initdb in dir/data and starts postgres on it, both as
-// the postgres user when this process is root.
-func startPostgres(initdb, postgres, dir string) (*Process, string, error) {
+// the postgres user when this process is root, with env (KEY=value) added
+// to the server's environment.
+func startPostgres(initdb, postgres, dir string, env ...string) (*Process, string, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, "", err
 	}
@@ -125,7 +126,12 @@ func startPostgres(initdb, postgres, dir string) (*Process, string, error) {
 		"-D", data, "-p", fmt.Sprint(port), "-c", "listen_addresses=127.0.0.1",
 		"-c", "unix_socket_directories=" + dir, "-c", "fsync=off", "-c", "max_connections=200",
 	}}
-	p.prepare = func(cmd *exec.Cmd) error { return asUser(cmd, "postgres", dir) }
+	p.prepare = func(cmd *exec.Cmd) error {
+		if len(env) > 0 {
+			cmd.Env = append(os.Environ(), env...)
+		}
+		return asUser(cmd, "postgres", dir)
+	}
 	if _, err := p.launch(PostgresReady); err != nil {
 		return nil, "", err
 	}

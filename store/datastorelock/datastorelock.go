@@ -170,7 +170,12 @@ func WithNamespace(ns string) Option { return func(b *Backend) { b.namespace = n
 func WithKind(kind string) Option { return func(b *Backend) { b.kind = kind } }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default [store.DefaultTTL].
+// a claimed record outlives its lease. Default [store.DefaultTTL]. Any
+// positive ttl is honoured, rounded up to a whole microsecond, and so is
+// any positive lease: instants are computed with [store.Instant], capped at
+// [store.MaxInstant] (Datastore's timestamps end with the year 9999), never
+// wrapped; math.MaxInt64 for both (a record that expires about 584 years
+// from now) is well within it.
 func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl } }
 
 // WithClientOptions passes options to the gRPC transport that [Dial] opens

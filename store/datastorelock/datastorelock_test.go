@@ -23,7 +23,8 @@ func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		clock := newClock()
 		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f}
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f,
+			WithTTL: withTTL(t, link{}, datastorelock.WithClock(clock.Now)), ServerClock: jumpHarness}
 	})
 }
 
@@ -37,7 +38,7 @@ func TestContractRealClock(t *testing.T) {
 		b, f := contractBackend(t, link{}, datastorelock.WithTTL(ttl))
 		// The history case runs its 10,000 calls in TestContract and
 		// TestContractServerClock/client_ahead; in real time, fewer.
-		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: 3000}
+		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: 3000, WithTTL: withTTL(t, link{})}
 	})
 }
 
@@ -54,7 +55,8 @@ func TestContractServerClock(t *testing.T) {
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
 				server := newClock()
 				b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, c.off)))
-				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: c.historyOps}
+				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: c.historyOps,
+					WithTTL: withTTL(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, c.off)))}
 			})
 		})
 	}
@@ -224,5 +226,15 @@ func TestTwoProcessesRaceOneKey(t *testing.T) {
 	won, held := testsvc.RaceProcesses(t, "DATASTORE_EMULATOR_HOST="+addr, "HELPER_NS="+namespace())
 	if won != 1 || held != 15 {
 		t.Fatalf("won %d, held %d across 16 racers in 2 processes; want 1 and 15", won, held)
+	}
+}
+
+// withTTL is the suite's Harness.WithTTL: a backend built as
+// newBackendVia builds one on link l with opts, and the given ttl (its
+// records apart from the case's backend's).
+func withTTL(t *testing.T, l link, opts ...datastorelock.Option) func(time.Duration) store.Backend {
+	return func(ttl time.Duration) store.Backend {
+		b, _ := newBackendVia(t, l, append(opts[:len(opts):len(opts)], datastorelock.WithTTL(ttl))...)
+		return b
 	}
 }

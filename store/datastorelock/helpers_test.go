@@ -294,3 +294,21 @@ func heldWithALostCommitNext(t *testing.T) (a *datastorelock.Backend, ra *rpcs, 
 	ra.loseNextCommit.Store(true)
 	return a, ra, b, clock, r.Claim
 }
+
+// jumpHarness is the contract suite's backend on a server clock that jumps
+// (storetest.JumpHarness): its replies carry the server's time, and its own
+// clock reads that minus every jump, so what it estimated of the server's
+// time before a jump stays where it was.
+func jumpHarness(t *testing.T) storetest.JumpHarness {
+	server := newClock()
+	var jumped atomic.Int64
+	client := func() time.Time { return server.Now().Add(-time.Duration(jumped.Load())) }
+	b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(client))
+	return storetest.JumpHarness{
+		Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f},
+		Jump: func(d time.Duration) {
+			jumped.Add(int64(d))
+			server.Advance(d)
+		},
+	}
+}

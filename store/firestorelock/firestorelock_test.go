@@ -25,7 +25,8 @@ func TestContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		server := newClock()
 		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f,
+			WithTTL: withTTL(t, link{server: server.Now}, firestorelock.WithClock(server.Now)), ServerClock: jumpHarness}
 	})
 }
 
@@ -41,7 +42,8 @@ func TestContractServerClock(t *testing.T) {
 			storetest.Run(t, func(t *testing.T) storetest.Harness {
 				server := newClock()
 				b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))
-				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: 1000}
+				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: 1000,
+					WithTTL: withTTL(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))}
 			})
 		})
 	}
@@ -204,5 +206,15 @@ func TestTwoProcessesRaceOneKey(t *testing.T) {
 	won, held := testsvc.RaceProcesses(t, "FIRESTORE_EMULATOR_HOST="+addr, "HELPER_COLLECTION="+collection())
 	if won != 1 || held != 15 {
 		t.Fatalf("won %d, held %d across 16 racers in 2 processes; want 1 and 15", won, held)
+	}
+}
+
+// withTTL is the suite's Harness.WithTTL: a backend built as
+// newBackendVia builds one on link l with opts, and the given ttl (its
+// records apart from the case's backend's).
+func withTTL(t *testing.T, l link, opts ...firestorelock.Option) func(time.Duration) store.Backend {
+	return func(ttl time.Duration) store.Backend {
+		b, _ := newBackendVia(t, l, append(opts[:len(opts):len(opts)], firestorelock.WithTTL(ttl))...)
+		return b
 	}
 }

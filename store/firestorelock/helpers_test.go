@@ -364,3 +364,21 @@ func onClock(t testing.TB, clock *fake.Clock, opts ...firestorelock.Option) (*fi
 	t.Helper()
 	return newBackendVia(t, link{server: clock.Now}, append([]firestorelock.Option{firestorelock.WithClock(clock.Now)}, opts...)...)
 }
+
+// jumpHarness is the contract suite's backend on a server clock that jumps
+// (storetest.JumpHarness): its replies carry the server's time, and its own
+// clock reads that minus every jump, so what it estimated of the server's
+// time before a jump stays where it was.
+func jumpHarness(t *testing.T) storetest.JumpHarness {
+	server := newClock()
+	var jumped atomic.Int64
+	client := func() time.Time { return server.Now().Add(-time.Duration(jumped.Load())) }
+	b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(client))
+	return storetest.JumpHarness{
+		Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f},
+		Jump: func(d time.Duration) {
+			jumped.Add(int64(d))
+			server.Advance(d)
+		},
+	}
+}

@@ -99,7 +99,12 @@ func WithPrefix(prefix string) Option {
 }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default [store.DefaultTTL].
+// a claimed record outlives its lease. Default [store.DefaultTTL]. Any
+// positive ttl is honoured, rounded up to a whole millisecond, and so is
+// any positive lease: the scripts count Unix milliseconds, exact in Lua's
+// numbers up to 2^53 (about 285,000 years), so math.MaxInt64 for both (a
+// key that expires about 584 years from now) is neither capped nor
+// refused.
 func WithTTL(ttl time.Duration) Option {
 	return func(b *Backend) { b.ttl = ttl }
 }
@@ -210,17 +215,11 @@ func New(client redis.Scripter, opts ...Option) (*Backend, error) {
 // TTL returns the ttl the backend applies.
 func (b *Backend) TTL() time.Duration { return b.ttl }
 
-// millis is d in whole milliseconds, rounded up, without overflow: a
-// duration within a millisecond of the largest one (a lease or ttl of
-// math.MaxInt64 meaning "forever") must not wrap to a negative count,
-// which would set a record's expiry in the past.
-func millis(d time.Duration) int64 {
-	ms := int64(d / time.Millisecond)
-	if d%time.Millisecond != 0 {
-		ms++
-	}
-	return ms
-}
+// millis is d in whole milliseconds, rounded up, without overflow
+// (store.CeilUnits): a duration within a millisecond of the largest one (a
+// lease or ttl of math.MaxInt64 meaning "forever") must not wrap to a
+// negative count, which would set a record's expiry in the past.
+func millis(d time.Duration) int64 { return store.CeilUnits(d, time.Millisecond) }
 
 // Claim implements store.Backend.
 func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 )
 
@@ -265,3 +266,66 @@ func purgeByDML(ctx context.Context, c *spanner.Client, table string) (int, erro
 }
 
 func noop(context.Context) error { return nil }
+
+// BenchmarkCompleteTx measures completing a claimed key together with one
+// business write (an INSERT of one row) in two ways, interleaved on one
+// database so that both see the same load: CompleteTx (the write and the
+// Done mark in one transaction) and the plain path (the write in a
+// transaction of its own, then Complete). Each op is one of each, on
+// fresh keys; the Claims before them are not timed. It reports each
+// path's time per delivery, their ratio (tx/plain) and RPCs per delivery.
+func BenchmarkCompleteTx(b *testing.B) {
+	testsvc.Spanner(b)
+	ctx := context.Background()
+	db := txDatabase(b)
+	r := &rpcs{}
+	client := newClient(b, db, testsvc.Spanner(b), r)
+	be, err := spannerlock.New(client)
+	if err != nil {
+		b.Fatal(err)
+	}
+	claim := func(key string) store.Claim {
+		res, err := be.Claim(ctx, key, time.Minute)
+		if err != nil || res.Outcome != store.Won {
+			b.Fatalf("claim %q: %+v %v", key, res, err)
+		}
+		return res.Claim
+	}
+	write := func(key string) func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		return func(ctx context.Context, tx *spanner.ReadWriteTransaction) error { return effect(ctx, tx, key) }
+	}
+	// Warm up the client's sessions and both statements' plans.
+	if _, err := be.CompleteTx(ctx, claim("warm-up"), "", write("warm-up")); err != nil {
+		b.Fatal(err)
+	}
+	var txTime, plainTime time.Duration
+	var txRPCs, plainRPCs int
+	b.ResetTimer()
+	for i := range b.N {
+		tk, pk := fmt.Sprint("tx-", i), fmt.Sprint("plain-", i)
+		tc, pc := claim(tk), claim(pk)
+		r.take()
+		start := time.Now()
+		if ok, err := be.CompleteTx(ctx, tc, "", write(tk)); !ok || err != nil {
+			b.Fatalf("CompleteTx: %v %v", ok, err)
+		}
+		txTime += time.Since(start)
+		txRPCs += len(r.take())
+		start = time.Now()
+		if _, err := client.ReadWriteTransaction(ctx, write(pk)); err != nil {
+			b.Fatal(err)
+		}
+		if ok, err := be.Complete(ctx, pc); !ok || err != nil {
+			b.Fatalf("Complete: %v %v", ok, err)
+		}
+		plainTime += time.Since(start)
+		plainRPCs += len(r.take())
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(txTime.Microseconds())/1000/n, "tx-ms/delivery")
+	b.ReportMetric(float64(plainTime.Microseconds())/1000/n, "plain-ms/delivery")
+	b.ReportMetric(float64(txTime)/float64(plainTime), "tx/plain")
+	b.ReportMetric(float64(txRPCs)/n, "tx-RPCs/delivery")
+	b.ReportMetric(float64(plainRPCs)/n, "plain-RPCs/delivery")
+}

@@ -56,6 +56,10 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 		unknown bool
 	)
 	err := b.transact(ctx, func(ctx context.Context, txn *spanner.ReadWriteTransaction) error {
+		// The Spanner client runs the body again after a Commit that
+		// failed with Aborted, Internal or ResourceExhausted, without
+		// saying which: the last run's write may have applied.
+		unknown = unknown || wrote
 		wrote = false
 		var err error
 		n, err = txn.Update(ctx, stmt)
@@ -63,6 +67,7 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 		return err
 	}, func(err error) error {
 		unknown = unknown || wrote && unknownCommit(err)
+		wrote = false
 		return err
 	})
 	if err == nil && n == 0 && unknown {
@@ -106,9 +111,11 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 // A call renews the lease at most once: a run whose statement matched the
 // row and whose Commit failed in a way that leaves it unknown whether it
 // applied is not followed by another (which would renew the lease again
-// from a later instant); Extend returns that error instead. Runs that
-// certainly applied nothing (an aborted or lost transaction, a statement
-// that failed) are run again as any call's.
+// from a later instant); Extend returns that error instead. A lost
+// transaction (NotFound or FailedPrecondition naming it) is such a
+// failure: it may answer a Commit the Spanner client resent after the
+// first applied. Runs that certainly applied nothing (an aborted
+// transaction, a statement that failed) are run again as any call's.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err

@@ -69,38 +69,48 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	if err := store.ValidateLease(lease); err != nil {
 		return store.Result{}, err
 	}
-	lease = ceilMicros(lease)
 	token := store.NewToken()
 	var (
 		res store.Result
-		// unknownSince is the read instant of the earliest run whose
-		// commit may have applied, unknown: zero while there is none.
-		unknownSince time.Time
-		seen         time.Time // the read instant of the last body run
-		wrote        bool      // whether the last body run buffered a write
+		// maybe are the writes of earlier runs of this call whose commit
+		// may have applied, unknown.
+		maybe []attempt
+		// cur is the write the last body run buffered, until its outcome
+		// is known; nil when it buffered none.
+		cur *attempt
 	)
 	body := func(ctx context.Context, txn *spanner.ReadWriteTransaction) error {
-		wrote = false
+		if cur != nil {
+			// The Spanner client runs the body again after a Commit that
+			// failed with Aborted, Internal or ResourceExhausted, without
+			// saying which: Internal (a connection that broke mid-reply)
+			// leaves the write unknown.
+			maybe = append(maybe, *cur)
+			cur = nil
+		}
 		r, err := b.read(ctx, txn, key)
 		if err != nil {
 			return err
 		}
-		seen = r.now
 		var m *spanner.Mutation
-		res, m, err = b.decide(key, token, lease, r, unknownSince)
+		res, m, err = b.decide(key, token, lease, r, maybe)
 		if err != nil {
 			return err
 		}
-		if m != nil {
-			wrote = true
-			return txn.BufferWrite([]*spanner.Mutation{m})
+		if m == nil {
+			return nil
 		}
+		if err := txn.BufferWrite([]*spanner.Mutation{m}); err != nil {
+			return err
+		}
+		cur = &attempt{fence: res.Claim.Fence, expiry: res.Claim.LeaseExpiry}
 		return nil
 	}
 	err := b.transact(ctx, body, func(err error) error {
-		if wrote && unknownCommit(err) && (unknownSince.IsZero() || seen.Before(unknownSince)) {
-			unknownSince = seen
+		if cur != nil && unknownCommit(err) {
+			maybe = append(maybe, *cur)
 		}
+		cur = nil
 		return err
 	})
 	if err != nil {
@@ -109,10 +119,17 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	return res, nil
 }
 
+// attempt is the write of one run of a Claim: the fence and the lease
+// expiry it stores with the call's token.
+type attempt struct {
+	fence  int64
+	expiry time.Time
+}
+
 // decide judges row r by its read instant and returns Claim's result and
-// the write it needs (nil for none). unknownSince is the read instant of
-// an earlier run whose commit may have applied (zero for none).
-func (b *Backend) decide(key, token string, lease time.Duration, r row, unknownSince time.Time) (store.Result, *spanner.Mutation, error) {
+// the write it needs (nil for none). maybe are the writes of earlier runs
+// of the same call that may have applied.
+func (b *Backend) decide(key, token string, lease time.Duration, r row, maybe []attempt) (store.Result, *spanner.Mutation, error) {
 	now := r.now
 	if r.present && r.token == token && r.state == stateClaimed {
 		// An earlier run of this call committed; its reply was lost.
@@ -121,16 +138,21 @@ func (b *Backend) decide(key, token string, lease time.Duration, r row, unknownS
 		}
 		return won(key, token, r.fence, r.lease), nil, nil
 	}
-	if !unknownSince.IsZero() && !now.Before(unknownSince.Add(lease)) {
-		// Had that commit applied, its lease would have lapsed by now
-		// and others could have taken the key from it.
-		return store.Result{}, nil, errUnknown
+	for _, a := range maybe {
+		if !b.ruledOut(a, r) {
+			// Had that write applied, its lease would have lapsed by now
+			// and others could have taken the key from it since.
+			return store.Result{}, nil, fmt.Errorf("%w (a write of fence %d whose lease ended at %v may have applied; the row has fence %d now)", errUnknown, a.fence, a.expiry, r.fence)
+		}
 	}
-	expiry := now.Add(lease)
+	// The port's arithmetic: rounded up to whole microseconds, capped at
+	// store.MaxInstant, never wrapped.
+	expiry := store.Instant(now, time.Microsecond, lease)
+	expires := store.Instant(expiry, time.Microsecond, b.ttl)
 	vals := func(fence int64) []any {
 		// A claim starts without a fingerprint: a reclaim clears the
 		// one an earlier life of the row left.
-		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expiry.Add(b.ttl), token, spanner.NullString{}}
+		return []any{[]byte(key), int64(stateClaimed), fence, expiry, expires, token, spanner.NullString{}}
 	}
 	switch {
 	case !r.present:
@@ -141,6 +163,23 @@ func (b *Backend) decide(key, token string, lease time.Duration, r row, unknownS
 		return store.Result{Outcome: store.AlreadyDone, Until: r.exp, Fingerprint: r.fp}, nil, nil
 	}
 	return won(key, token, r.fence+1, expiry), spanner.Update(b.table, columns, vals(r.fence+1)), nil
+}
+
+// ruledOut reports whether row r, which does not hold the call's token,
+// shows that write a did not apply. Had it applied, the row would hold
+// the token until a's lease lapsed, then a fence above a's once another
+// claim took the key over, and it could not be deleted before a's
+// expires-at instant (its lease expiry plus the ttl): so a row read before
+// a's lease expiry, or before that instant with no row or a fence no
+// higher than a's, rules it out.
+func (b *Backend) ruledOut(a attempt, r row) bool {
+	switch {
+	case r.now.Before(a.expiry):
+		return true
+	case !r.now.Before(store.Instant(a.expiry, 0, b.ttl)):
+		return false
+	}
+	return !r.present || r.fence <= a.fence
 }
 
 func won(key, token string, fence int64, expiry time.Time) store.Result {

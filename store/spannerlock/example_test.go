@@ -49,3 +49,34 @@ func ExampleNew() {
 }
 
 func handleOrder(ctx context.Context, e cloudevents.Event) error { return nil }
+
+// Effects in the same Spanner database, committed together with the done
+// mark: LockTx (IdempotentTx for a CloudEvent function) runs the body in
+// a read-write transaction of the backend's client, and the backend's
+// CompleteTx marks the key done in that transaction before it commits.
+// The body may run more than once (Spanner aborts, the client runs it
+// again): only the attempt that commits leaves its writes.
+func ExampleBackend_CompleteTx() {
+	ctx := context.Background()
+	backend, err := spannerlock.Dial(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer backend.Close()
+	err = idempotency.LockTx(ctx, backend, "orders:po-1", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		return tx.BufferWrite([]*spanner.Mutation{
+			spanner.Insert("Shipments", []string{"po_id", "state"}, []any{"po-1", "packed"}),
+		})
+	})
+	if err != nil {
+		log.Print(err) // not done: the delivery is nacked and comes again
+	}
+
+	functions.CloudEvent("HandleOrderTx", idempotency.IdempotentTx(backend,
+		idempotency.WithKey(idempotency.Attribute("po_id")),
+	)(func(ctx context.Context, e cloudevents.Event, tx *spanner.ReadWriteTransaction) error {
+		return tx.BufferWrite([]*spanner.Mutation{
+			spanner.Insert("Shipments", []string{"event_id", "state"}, []any{e.ID(), "packed"}),
+		})
+	}))
+}

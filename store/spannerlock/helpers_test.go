@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if testsvc.IsRaceChild() {
 		os.Exit(raceChild())
 	}
+	if os.Getenv(crashChildEnv) != "" {
+		os.Exit(crashChild())
+	}
 	// The contract suite's cases mostly wait for leases and ttls to lapse
 	// in real time: run them side by side, beyond GOMAXPROCS, unless
 	// -parallel says otherwise.
@@ -83,6 +86,9 @@ type rpcs struct {
 	// (the Spanner client resends a Commit after it), or another code
 	// that reaches the backend (DeadlineExceeded, as a timed-out call).
 	lostCode codes.Code
+	// lostMsg is the message of a lost reply's error; a default one
+	// when empty.
+	lostMsg string
 	// whileLost, when set, runs after a reply was lost, before the client
 	// hears of it.
 	whileLost func()
@@ -152,7 +158,11 @@ func (r *rpcs) unary(ctx context.Context, method string, req, reply any, cc *grp
 		if code == codes.OK {
 			code = codes.Unavailable
 		}
-		return status.Error(code, "injected: the request applied but its reply was lost")
+		msg := r.lostMsg
+		if msg == "" {
+			msg = "injected: the request applied but its reply was lost"
+		}
+		return status.Error(code, msg)
 	}
 	return err
 }

@@ -47,14 +47,14 @@ func txLost(err error) bool {
 
 // unknownCommit reports whether err, from a transaction whose body
 // finished with writes to commit, leaves it unknown whether they applied:
-// any failure but the definite ones (a lost transaction; an insert that
-// found the row; a refused request).
+// any failure but the definite ones (Aborted; an insert that found the
+// row; a refused request). A lost transaction named by NotFound or
+// FailedPrecondition is not definite: the Spanner client resends a Commit
+// after Unavailable, and the emulator answers the resent one so once a
+// newer transaction has begun, though the first one applied.
 func unknownCommit(err error) bool {
-	if txLost(err) {
-		return false
-	}
 	switch spanner.ErrCode(err) {
-	case codes.AlreadyExists, codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
+	case codes.Aborted, codes.AlreadyExists, codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
 		return false
 	}
 	return true
@@ -70,7 +70,7 @@ const maxLost = 100
 // (up to maxLost times), and runs the whole again per b.policy after any
 // other retryable failure; failed, when set, hears of each failed run and
 // returns the error to go on with (one wrapping errNoResend ends the
-// call).
+// call, whatever error it wraps).
 func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, txn *spanner.ReadWriteTransaction) error, failed func(err error) error) error {
 	err := b.policy.Do(ctx, func(int) error {
 		for n := 0; ; n++ {
@@ -78,7 +78,7 @@ func (b *Backend) transact(ctx context.Context, body func(ctx context.Context, t
 			if err != nil && failed != nil {
 				err = failed(err)
 			}
-			if err == nil || !txLost(err) || n >= maxLost || ctx.Err() != nil {
+			if err == nil || !txLost(err) || errors.Is(err, errNoResend) || n >= maxLost || ctx.Err() != nil {
 				return err
 			}
 			if b.policy.Wait(ctx, min(n, 6)) != nil {

@@ -64,6 +64,9 @@
 //     plus, when it found some, 3 per batch of up to 1,000 (a query for
 //     CURRENT_TIMESTAMP() that begins the transaction, a read of those
 //     rows by key, a Commit deleting those still expired).
+//   - CompleteTx: the body's own RPCs plus an ExecuteSql (the Done mark's
+//     DML statement) and the Commit they share (TestCompleteTxRPCs): one
+//     RPC fewer than the body's transaction followed by Complete.
 //
 // Contention adds round trips: Spanner aborts one of two transactions that
 // touch the same row, and the client runs the loser again.
@@ -75,16 +78,29 @@
 // run again after Unavailable, Aborted, ResourceExhausted, Internal or
 // DeadlineExceeded ([WithRetries]); every run is a whole transaction that
 // reads before it decides, so it is idempotent. A Commit whose reply was
-// lost may have applied: Claim writes its token into the row and a run
-// that finds it answers Won with it. When a later run finds the row in
-// other hands at a time when, had the lost commit applied, others could
-// have taken the key from it already, Claim cannot tell whether it won and
-// returns an error, never HeldByOther or AlreadyDone; Complete returns an
-// error instead of false after an unknown commit. Complete and Release
-// match key, fence and token, so a repeat changes nothing twice. Extend is
-// not run again after a Commit that may have applied (another run would
-// renew the lease a second time, from a later instant): it returns the
-// error.
+// lost may have applied, whatever the error that reports it: the Spanner
+// client resends a Commit after Unavailable, and the emulator answers the
+// resent one with NotFound or FailedPrecondition once a newer transaction
+// of the same session has begun, though the first one applied; and the
+// client runs the transaction again after Internal (which a connection
+// broken mid-reply can give) as after Aborted, without saying which. So
+// every failed Commit but a refusal (Aborted, AlreadyExists,
+// InvalidArgument, PermissionDenied, Unauthenticated) leaves the outcome
+// unknown, and so, to Claim and Complete, does every run the client
+// starts again after a Commit. Claim writes its token into the row and a
+// run that finds it answers Won with it. A run that finds the row in
+// other hands rules an unknown write out when it reads before that
+// write's lease would have lapsed, or, before the write's expires-at
+// instant, finds no row or a fence no higher than the one it wrote (had
+// it applied, the claim that took the key over would have raised the
+// fence); otherwise Claim cannot tell whether it won and returns an
+// error, never HeldByOther or AlreadyDone. Complete returns an error
+// instead of false after an unknown commit. Complete and Release match
+// key, fence and token, so a repeat changes nothing twice. Extend is not
+// run again by the backend after a Commit that may have applied (another
+// run would renew the lease a second time, from a later instant): it
+// returns an error. (The Spanner client's own rerun after Aborted or
+// Internal still runs it again.)
 //
 // A lost reply to the statement that began a transaction inline leaves
 // that transaction open on the server, unknown to the client, until
@@ -131,7 +147,11 @@ type Option func(*Backend)
 func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default [store.DefaultTTL].
+// a claimed record outlives its lease. Default [store.DefaultTTL]. Any
+// positive ttl is honoured, rounded up to a whole microsecond, and so is
+// any positive lease: neither wraps, and math.MaxInt64 for both (a record
+// that expires about 584 years from now) is well within Spanner's
+// TIMESTAMP, which ends with the year 9999.
 func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl } }
 
 // WithRetries sets how many times a call runs its transaction again after
@@ -239,7 +259,6 @@ func configure(opts []Option) (*Backend, error) {
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("spannerlock: %w", err)
 	}
-	b.ttl = ceilMicros(b.ttl)
 	if !identifier.MatchString(b.table) {
 		return nil, fmt.Errorf("spannerlock: invalid table name %q", b.table)
 	}
@@ -260,20 +279,14 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// TTL returns the ttl the backend applies.
+// TTL returns the ttl the backend applies, as configured; instants are
+// computed with it rounded up to a whole microsecond.
 func (b *Backend) TTL() time.Duration { return b.ttl }
 
 // Table returns the name of the backend's table.
 func (b *Backend) Table() string { return b.table }
 
-// ceilMicros rounds d up to a whole microsecond, the precision of
-// CURRENT_TIMESTAMP() and of the INTERVAL arithmetic the DML uses.
-func ceilMicros(d time.Duration) time.Duration {
-	if r := d % time.Microsecond; r != 0 {
-		d += time.Microsecond - r
-	}
-	return d
-}
-
-// micros is d in whole microseconds, rounded up.
-func micros(d time.Duration) int64 { return int64(ceilMicros(d) / time.Microsecond) }
+// micros is d in whole microseconds, rounded up (the precision of
+// CURRENT_TIMESTAMP() and of the INTERVAL arithmetic the DML uses),
+// without overflow: store.CeilUnits.
+func micros(d time.Duration) int64 { return store.CeilUnits(d, time.Microsecond) }

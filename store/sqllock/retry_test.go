@@ -79,3 +79,43 @@ func TestMayHaveLanded(t *testing.T) {
 		}
 	}
 }
+
+// Which failures run a CompleteTx's whole transaction again, body
+// included: those that rolled the transaction back because of a
+// concurrent one (serialization failure, deadlock, MariaDB's "record has
+// changed" under snapshot isolation, a busy or locked SQLite database),
+// wrapped or not; never a broken connection, a constraint, a cancelled
+// ctx, nor an SQLite commit that failed (its transaction may still be
+// open on the connection).
+func TestRetryTx(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{sqlStateErr("40001"), true},
+		{fmt.Errorf("body: %w", sqlStateErr("40001")), true},
+		{sqlStateErr("40P01"), true},
+		{sqlStateErr("55P03"), false}, // lock not available: not a rollback
+		{sqlStateErr("23505"), false},
+		{sqlStateErr("57P01"), false},
+		{errors.New("Error 1213 (40001): Deadlock found when trying to get lock"), true},
+		{fmt.Errorf("body: %w", errors.New("Error 1213 (40001): Deadlock found when trying to get lock")), true},
+		{errors.New("Error 1020 (HY000): Record has changed since last read in table 't'"), true},
+		{errors.New("Error 1205 (HY000): Lock wait timeout exceeded"), false},
+		{errors.New("Error 1062 (23000): Duplicate entry"), false},
+		{errors.New("my Error 1213x"), false},
+		{sqliteErr(5), true},
+		{sqliteErr(5 | 512), true}, // SQLITE_BUSY_SNAPSHOT
+		{sqliteErr(6), true},
+		{sqliteErr(19), false},
+		{fmt.Errorf("commit: %w", fmt.Errorf("%w: %w", errCommitRefused, sqliteErr(5))), false},
+		{io.ErrUnexpectedEOF, false},
+		{driver.ErrBadConn, false},
+		{errors.New("invalid connection"), false},
+		{context.Canceled, false},
+	} {
+		if got := retryTx(c.err); got != c.want {
+			t.Errorf("retryTx(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}

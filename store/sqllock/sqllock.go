@@ -14,6 +14,9 @@
 //	SQLite      1 / 2 / 1                         1          1
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
+// CompleteTx adds, to the body's own statements, a begin, one UPDATE and
+// the commit on every engine.
+//
 // The table (see Schema for the exact DDL of each dialect):
 //
 //	idem_key         the key, as bytes (BYTEA / VARBINARY(1024) / BLOB), primary key
@@ -64,7 +67,11 @@ type Option func(*Backend)
 func WithTable(name string) Option { return func(b *Backend) { b.table = name } }
 
 // WithTTL sets how long a completed key suppresses duplicates, and how long
-// a claimed record outlives its lease. Default store.DefaultTTL.
+// a claimed record outlives its lease. Default store.DefaultTTL. Any
+// positive ttl is honoured, rounded up to a whole millisecond, and so is
+// any positive lease: the table keeps instants as BIGINT milliseconds,
+// which hold now + the longest lease + the longest ttl (math.MaxInt64
+// each, about 292 years) with room to spare, so none is capped or refused.
 func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl } }
 
 // WithRetries sets how many more times an operation is sent, with the same
@@ -82,6 +89,7 @@ type Backend struct {
 	table   string
 	ttl     time.Duration
 	retries int
+	txOpts  *sql.TxOptions
 	q       dialect.Statements
 	backoff retry.Policy
 	// probe is the arguments of q.HasFingerprint.
@@ -130,6 +138,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	}
 	if b.retries < 0 {
 		return nil, fmt.Errorf("sqllock: retries %d is negative", b.retries)
+	}
+	if b.txOpts != nil && b.txOpts.ReadOnly {
+		return nil, errors.New("sqllock: WithTxOptions: a read-only transaction cannot hold the Done mark")
 	}
 	b.q = sq.Render(b.table)
 	schema, name := "", parts[len(parts)-1]
@@ -240,7 +251,10 @@ func firstLine(s string) string {
 	return s
 }
 
-func millis(d time.Duration) int64 { return int64((d + time.Millisecond - 1) / time.Millisecond) }
+// millis is d in whole milliseconds, rounded up, the unit of the table's
+// instants; store.CeilUnits never overflows, so a duration near
+// math.MaxInt64 cannot wrap into the past.
+func millis(d time.Duration) int64 { return store.CeilUnits(d, time.Millisecond) }
 
 // preparing is one statement's prepare: the first caller that needs the
 // statement runs it, later callers wait for ready (or for their own ctx).
@@ -668,8 +682,16 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return err
 	}
-	k := []byte(c.Key)
-	err := b.retry(ctx, func() error {
+	if err := b.release(ctx, []byte(c.Key), c); err != nil {
+		return fmt.Errorf("sqllock: release %q fence %d: %w", c.Key, c.Fence, err)
+	}
+	return nil
+}
+
+// release ends c's lease and raises the fence if the record k is still
+// Claimed by c, retrying.
+func (b *Backend) release(ctx context.Context, k []byte, c store.Claim) error {
+	return b.retry(ctx, func() error {
 		var err error
 		if b.q.Returning {
 			_, err = b.exec(ctx, b.q.Release, k, c.Fence, millis(b.ttl), c.Token)
@@ -678,10 +700,6 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 		}
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("sqllock: release %q fence %d: %w", c.Key, c.Fence, err)
-	}
-	return nil
 }
 
 // Extend implements store.Extender. It renews the lease at most once per

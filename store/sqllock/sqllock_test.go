@@ -161,3 +161,49 @@ func TestCtxEndingDuringRetriesIsWrappedWithTheLastError(t *testing.T) {
 		t.Errorf("claim after ctx ended: %v, want context.DeadlineExceeded", err)
 	}
 }
+
+// A read-only transaction could not hold the Done mark: New refuses it,
+// and takes any other options.
+func TestNewRefusesReadOnlyTxOptions(t *testing.T) {
+	db := noDB(t)
+	if _, err := sqllock.New(db, sqllock.Postgres, sqllock.WithTxOptions(sql.TxOptions{ReadOnly: true})); err == nil {
+		t.Error("a read-only WithTxOptions accepted")
+	}
+	if _, err := sqllock.New(db, sqllock.Postgres, sqllock.WithTxOptions(sql.TxOptions{Isolation: sql.LevelSerializable})); err != nil {
+		t.Errorf("a serializable WithTxOptions refused: %v", err)
+	}
+}
+
+// CompleteTx checks the key, the fingerprint and body before any I/O: no
+// connection is attempted.
+func TestCompleteTxValidatesBeforeAnyIO(t *testing.T) {
+	u := &unreachable{err: errors.New("no database here")}
+	b, err := sqllock.New(dbOf(t, u), sqllock.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	body := func(context.Context, *sql.Tx) error { calls++; return nil }
+	c := store.Claim{Key: "k", Fence: 1, Token: "t"}
+	for _, tc := range []struct {
+		name string
+		c    store.Claim
+		fp   string
+		body func(context.Context, *sql.Tx) error
+		want error
+	}{
+		{"empty key", store.Claim{Fence: 1, Token: "t"}, "", body, store.ErrInvalidKey},
+		{"long key", store.Claim{Key: strings.Repeat("k", store.MaxKeyLen+1), Fence: 1, Token: "t"}, "", body, store.ErrInvalidKey},
+		{"bad fingerprint", c, "\xff", body, store.ErrInvalidFingerprint},
+		{"long fingerprint", c, strings.Repeat("f", store.MaxFingerprintLen+1), body, store.ErrInvalidFingerprint},
+		{"nil body", c, "", nil, nil},
+	} {
+		ok, err := b.CompleteTx(t.Context(), tc.c, tc.fp, tc.body)
+		if ok || err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("%s: %v %v, want an error wrapping %v", tc.name, ok, err, tc.want)
+		}
+	}
+	if n := u.attempts.Load(); n != 0 || calls != 0 {
+		t.Errorf("%d connection attempts and %d body calls before the input was refused", n, calls)
+	}
+}

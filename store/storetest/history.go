@@ -63,6 +63,14 @@ type HistoryOptions struct {
 	// still take effect (a request already on its way to the server when
 	// its connection was cut). Default two Steps.
 	LateWrite time.Duration
+
+	// MinRestarts, when positive, fails the run unless at least that many
+	// claims won fence 1 on a key that had had a higher fence: a record
+	// deleted after its expires-at and claimed afresh. A backend whose
+	// storage deletes expired records by itself (Redis) sets it to show
+	// that the run met deletions, and so checked that a claim from before
+	// a deletion, with the same fence and another token, changes nothing.
+	MinRestarts int
 }
 
 // opTimeout bounds one call of the run in real time.
@@ -104,13 +112,15 @@ const opTimeout = 10 * time.Second
 //
 // What a correct backend may do and the check allows: stamp a call with any
 // instant of its window, not necessarily in the order in which it
-// serializes the calls (a database's statement time); refuse a Complete,
-// Release or Extend whose fence matches a record created afresh after the
-// old one expired, when it also checks the claim token; and, when it
+// serializes the calls (a database's statement time); and, when it
 // retries inside a call, win or extend once before the answer it gives
 // (Won, or an Extend's answer), or find its own claim and renew its lease.
 // It never allows a Claim to answer HeldByOther or AlreadyDone when the
-// call may have won.
+// call may have won, nor a Complete, Release or Extend to act on a record
+// whose fence matches but whose claim token does not: after a record is
+// deleted past its expires-at (by PurgeExpired, or by the storage itself,
+// as Redis does) the next Claim starts again at fence 1, and a holder from
+// before the deletion carries that fence with another token.
 //
 // h must be valid for Run. When h.Faults is set, the backend and its fault
 // path must not be shared with other tests running at the same time.
@@ -258,6 +268,10 @@ func checkHistory(t historyT, h Harness, o HistoryOptions) historyStats {
 	default:
 		t.Error(m.counterexample(ops))
 		return st
+	}
+	if st.restarts < o.MinRestarts {
+		t.Errorf("history: %d fences restarted at 1, want at least %d: too few records were deleted after their expires-at during the run",
+			st.restarts, o.MinRestarts)
 	}
 	if o.Ops >= 5000 && (st.lapses == 0 || st.ttlEnds == 0) {
 		t.Errorf("history: no lease lapsed (%d) or no ttl ended (%d) during the run, so it proved little: "+

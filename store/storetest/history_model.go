@@ -179,15 +179,16 @@ func (m *model) step(s rec, in hInput, out hOutput) []any {
 
 // apply takes the call in the window [from, hi] to record r.
 //
-// Complete, Release and Extend identify a claim by its fence. A record
-// deleted after its expires-at instant and created afresh restarts at fence
-// 1, so an old claim's fence can match a newer claim's: a backend that also
-// checks the claim token refuses it (safer), one that does not accepts it
-// (what the port requires at the least). Both are allowed; with the same
-// token, the call must act.
+// Complete, Release and Extend identify a claim by its fence and its token.
+// A record deleted after its expires-at instant and created afresh restarts
+// at fence 1, so an old claim's fence can match a newer claim's: only the
+// token tells them apart, and the port requires a backend to check it. A
+// call whose fence matches but whose token does not (a holder from before
+// the deletion, or any caller on a record won by a claim whose reply was
+// lost) must change nothing; with both, the call must act.
 func (m *model) apply(r rec, from, hi int64, in hInput, out hOutput) []rec {
-	fenced := r.exists && r.fence == in.fence
-	mayRefuse := !fenced || r.token != in.token
+	fenced := r.exists && r.fence == in.fence && r.token == in.token
+	mayRefuse := !fenced
 	unchanged := func() []rec {
 		if !mayRefuse {
 			return nil

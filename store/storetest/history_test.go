@@ -108,18 +108,25 @@ func TestHistoryFlagsBrokenBackends(t *testing.T) {
 		"held by other until past the lease",
 		"claims report a fingerprint from the record's earlier life",
 		"a zombie's complete stores its fingerprint",
+		"complete, release and extend match the fence but not the token",
 	}
 	html := regexp.MustCompile(`\S+storetest-history-\S+\.html`)
 	for _, bug := range bugs {
 		t.Run(strings.ReplaceAll(bug, " ", "_"), func(t *testing.T) {
 			t.Parallel()
-			_, h := newBroken(t, bug)
+			b, h := newBroken(t, bug)
 			rec := &recorder{T: t}
 			o := HistoryOptions{Ops: 4000, Keys: 20}
 			if strings.Contains(bug, "earlier life") {
 				// Purges delete most records once their ttl ends, and a
 				// deleted record has no earlier life to leak from.
 				o.PurgeEvery = -1
+			}
+			if strings.Contains(bug, "not the token") {
+				// No purges: the backend deletes expired records by
+				// itself, the moment they expire, as Redis does.
+				o.PurgeEvery = -1
+				b.reaps = true
 			}
 			checkHistory(rec, h, o)
 			msg := strings.Join(rec.errors, "\n")
@@ -254,11 +261,29 @@ type broken struct {
 
 	lose atomic.Bool
 	lost atomic.Int32
+
+	// reaps makes the backend delete every record whose expires-at has
+	// passed before each call, as a store with its own expiry does.
+	reaps bool
+}
+
+// reap deletes the expired records when the backend reaps, with b.mu held.
+func (b *broken) reap() {
+	if !b.reaps {
+		return
+	}
+	now := b.clock.Now()
+	for k, r := range b.recs {
+		if !now.Before(r.until) {
+			delete(b.recs, k)
+		}
+	}
 }
 
 type brec struct {
 	done         bool
 	fence        int64
+	token        string
 	claimedAt    time.Time
 	lease, until time.Time // until: expires-at
 	fp           string
@@ -289,6 +314,7 @@ func (b *broken) Claim(ctx context.Context, key string, lease time.Duration) (st
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.reap()
 	now := b.clock.Now()
 	r, ok := b.recs[key]
 	if ok && b.bug == "the fence goes down when a lease lapses" && !r.done && !now.Before(r.lease) {
@@ -313,11 +339,11 @@ func (b *broken) Claim(ctx context.Context, key string, lease time.Duration) (st
 	}
 	b.n++
 	old := r.fp
-	*r = brec{fence: r.fence + 1, claimedAt: now, lease: now.Add(lease), until: now.Add(lease + b.ttl)}
+	*r = brec{fence: r.fence + 1, token: fmt.Sprint("b", b.n), claimedAt: now, lease: now.Add(lease), until: now.Add(lease + b.ttl)}
 	if b.bug == "claims report a fingerprint from the record's earlier life" {
 		r.fp = old
 	}
-	c := store.Claim{Key: key, Fence: r.fence, Token: fmt.Sprint("b", b.n), LeaseExpiry: r.lease}
+	c := store.Claim{Key: key, Fence: r.fence, Token: r.token, LeaseExpiry: r.lease}
 	if b.bug == "the lease expiry is reported a step late" && b.rng.IntN(20) == 0 {
 		c.LeaseExpiry = c.LeaseExpiry.Add(b.step)
 	}
@@ -335,6 +361,12 @@ func (b *broken) Claim(ctx context.Context, key string, lease time.Duration) (st
 	return res, nil
 }
 
+// owns reports whether claim c is the one that won record r: its fence and
+// its token match (its fence alone, for the backend with that bug).
+func (b *broken) owns(r *brec, c store.Claim) bool {
+	return r.fence == c.Fence && (r.token == c.Token || b.bug == "complete, release and extend match the fence but not the token")
+}
+
 func (b *broken) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	return b.CompleteFingerprint(ctx, c, "")
 }
@@ -345,8 +377,9 @@ func (b *broken) CompleteFingerprint(ctx context.Context, c store.Claim, fp stri
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.reap()
 	r, ok := b.recs[c.Key]
-	res := ok && (r.fence == c.Fence || b.bug == "complete ignores the fence" && !r.done)
+	res := ok && (b.owns(r, c) || b.bug == "complete ignores the fence" && !r.done)
 	if ok && !res && r.done && fp != "" && b.bug == "a zombie's complete stores its fingerprint" {
 		r.fp = fp
 	}
@@ -370,7 +403,8 @@ func (b *broken) Release(ctx context.Context, c store.Claim) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if r, ok := b.recs[c.Key]; ok && !r.done && r.fence == c.Fence {
+	b.reap()
+	if r, ok := b.recs[c.Key]; ok && !r.done && b.owns(r, c) {
 		if b.bug == "release deletes the record" {
 			delete(b.recs, c.Key)
 		} else {
@@ -391,8 +425,9 @@ func (b *broken) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.reap()
 	r, ok := b.recs[c.Key]
-	if !ok || r.done || r.fence != c.Fence && b.bug != "extend ignores the fence" ||
+	if !ok || r.done || !b.owns(r, c) && b.bug != "extend ignores the fence" ||
 		b.bug == "extend answers lost for the current claim" && b.rng.IntN(5) == 0 {
 		if b.replyLost() {
 			return c, errLost
@@ -411,6 +446,7 @@ func (b *broken) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 func (b *broken) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.reap()
 	now := b.clock.Now()
 	n := 0
 	for k, r := range b.recs {

@@ -103,6 +103,22 @@ var mutants = map[string][]string{
 	"complete answers true when its reply was lost":   {"a_complete_whose_reply_was_lost_is_safe_to_retry"},
 	"a cut claim reports won without writing":         {"calls_cut_mid_flight_win_nothing_twice_and_converge"},
 
+	// A server clock that jumps (Harness.ServerClock): the mutant's clock
+	// is its server's, and its client's clock is that minus every jump.
+	"writes trust a server-time estimate from before a jump": {
+		"a_claim_won_after_the_server_clock_jumped_is_held_for_its_lease",
+		"a_key_completed_after_the_server_clock_jumped_is_done_for_its_ttl",
+	},
+	"every instant comes from the client's clock": {
+		"a_claim_won_after_the_server_clock_jumped_is_held_for_its_lease",
+		"a_key_completed_after_the_server_clock_jumped_is_done_for_its_ttl",
+	},
+	// Durations at the limit of time.Duration, rounded up to milliseconds
+	// the usual way, (d + ms - 1) / ms, which wraps into the past.
+	"a lease at its limit wraps into the past":   {"leases_at_their_limit_never_expire_a_claim_early"},
+	"an extend at its limit wraps into the past": {"extends_at_their_limit_never_expire_a_claim_early"},
+	"a ttl at its limit wraps into the past":     {"ttls_at_their_limit_never_expire_a_record_early"},
+
 	// Payload fingerprints (store.Fingerprinter).
 	"complete with a fingerprint drops it":                    {"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done", "fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen"},
 	"a complete with a fingerprint counts the ttl from claim": {"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done"},
@@ -133,6 +149,40 @@ type mutant struct {
 	lose   bool
 
 	cuts atomic.Int64 // calls still to fail after CutConnections
+
+	// jumped is how far the server's clock (clock) has jumped away from the
+	// client's; est is the estimate of that a write trusts, once made.
+	jumped, est time.Duration
+	estSet      bool
+}
+
+// Jump moves the server's clock by d; the client's clock stays.
+func (m *mutant) Jump(d time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.jumped += d
+	m.clock.Advance(d)
+}
+
+// now is the instant a call judges by, with m.mu held: the server's clock.
+func (m *mutant) now() time.Time {
+	if m.is("every instant comes from the client's clock") {
+		return m.clock.Now().Add(-m.jumped)
+	}
+	return m.clock.Now()
+}
+
+// writeBase is the instant a write bases a lease or a ttl on, with m.mu
+// held: now, but for the mutant that estimates the server's time once and
+// trusts that estimate from then on.
+func (m *mutant) writeBase(now time.Time) time.Time {
+	if !m.is("writes trust a server-time estimate from before a jump") {
+		return now
+	}
+	if !m.estSet {
+		m.est, m.estSet = m.jumped, true
+	}
+	return now.Add(m.est - m.jumped)
 }
 
 type rec struct {
@@ -247,6 +297,20 @@ func (m *mutant) newToken(key string) string {
 	return fmt.Sprintf("token-%d", m.tokens)
 }
 
+// wrapped is d rounded up to whole milliseconds the way that overflows:
+// within a millisecond of math.MaxInt64 it wraps to a negative duration.
+func wrapped(d time.Duration) time.Duration {
+	return (d + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+}
+
+// keep is the ttl the mutant adds to an instant.
+func (m *mutant) keep() time.Duration {
+	if m.is("a ttl at its limit wraps into the past") {
+		return wrapped(m.ttl)
+	}
+	return m.ttl
+}
+
 // live reports whether a lease that expires at lease is live at now.
 func (m *mutant) live(now, lease time.Time) bool {
 	switch m.bug {
@@ -301,7 +365,7 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	ck := m.canon(key)
-	now := m.clock.Now()
+	now := m.now()
 	r, ok := m.recs[ck]
 	if m.is("claims race between read and write") || m.is("a loser answers from a stale snapshot") {
 		// Read, let go, then write what was decided on the read.
@@ -347,7 +411,7 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 	case r.state == store.Done && (now.Before(r.expiry) || m.is("done: a done key never expires")):
 		until := r.expiry
 		if m.is("done: already-done Until is wrong") {
-			until = r.lease.Add(m.ttl)
+			until = r.lease.Add(m.keep())
 		}
 		return store.Result{Outcome: store.AlreadyDone, Until: until, Fingerprint: r.fp}, m.replyLost()
 	case r.state == store.Claimed && (m.live(now, r.lease) || m.is("claimed: a lapsed lease is never reclaimed")) && !m.is("claimed: a claim steals a live lease"):
@@ -368,13 +432,16 @@ func (m *mutant) claimOnce(key string, lease time.Duration, token string) (res s
 	if m.is("claimed: a reclaim restarts the fence at 1") {
 		r.fence = 1
 	}
-	r.lease = now.Add(lease)
+	r.lease = m.writeBase(now).Add(lease)
+	if m.is("a lease at its limit wraps into the past") {
+		r.lease = m.writeBase(now).Add(wrapped(lease))
+	}
 	if m.is("the lease is shorter than asked") {
 		r.lease = now.Add(lease * 9 / 10)
 	}
-	r.expiry = r.lease.Add(m.ttl)
+	r.expiry = r.lease.Add(m.keep())
 	if m.is("a claimed record expires ttl after the claim") {
-		r.expiry = now.Add(m.ttl)
+		r.expiry = now.Add(m.keep())
 	}
 	reported := r.lease
 	if m.is("the lease expiry reported is not the one stored") {
@@ -435,12 +502,12 @@ func (m *mutant) CompleteFingerprint(ctx context.Context, c store.Claim, fp stri
 }
 
 func (m *mutant) complete(c store.Claim, fp string) bool {
-	now := m.clock.Now()
+	now := m.now()
 	ck := m.canon(c.Key)
 	r, ok := m.recs[ck]
 	if !ok {
 		if m.is("complete creates a missing record") {
-			m.recs[ck] = &rec{state: store.Done, fence: c.Fence, expiry: now.Add(m.ttl)}
+			m.recs[ck] = &rec{state: store.Done, fence: c.Fence, expiry: now.Add(m.keep())}
 			return true
 		}
 		return false
@@ -462,7 +529,7 @@ func (m *mutant) complete(c store.Claim, fp string) bool {
 			r.fp = fp
 		}
 		if m.is("done: a second complete restarts the ttl") {
-			r.expiry = now.Add(m.ttl)
+			r.expiry = now.Add(m.keep())
 		}
 		return true
 	}
@@ -485,7 +552,7 @@ func (m *mutant) complete(c store.Claim, fp string) bool {
 		r.fp = fp
 	}
 	if m.is("a complete with a fingerprint counts the ttl from claim") && fp != "" {
-		r.expiry = r.claimedAt.Add(m.ttl)
+		r.expiry = r.claimedAt.Add(m.keep())
 		return true
 	}
 	switch m.bug {
@@ -494,11 +561,11 @@ func (m *mutant) complete(c store.Claim, fp string) bool {
 	case "done: the ttl is one nanosecond short":
 		r.expiry = now.Add(m.ttl - time.Nanosecond)
 	case "done: the ttl counts from the claim":
-		r.expiry = r.claimedAt.Add(m.ttl)
+		r.expiry = r.claimedAt.Add(m.keep())
 	case "done: the ttl counts from the lease expiry":
-		r.expiry = r.lease.Add(m.ttl)
+		r.expiry = r.lease.Add(m.keep())
 	default:
-		r.expiry = now.Add(m.ttl)
+		r.expiry = m.writeBase(now).Add(m.keep())
 	}
 	return true
 }
@@ -515,7 +582,7 @@ func (m *mutant) Release(ctx context.Context, c store.Claim) error {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	now := m.now()
 	ck := m.canon(c.Key)
 	r, ok := m.recs[ck]
 	switch {
@@ -544,7 +611,7 @@ func (m *mutant) Release(ctx context.Context, c store.Claim) error {
 		if !m.is("release keeps the lease") {
 			r.lease = now
 		}
-		r.expiry = now.Add(m.ttl)
+		r.expiry = now.Add(m.keep())
 		if m.is("a released record expires at once") {
 			r.expiry = now
 		}
@@ -570,7 +637,7 @@ func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	now := m.now()
 	r, ok := m.recs[m.canon(c.Key)]
 	switch {
 	case !ok:
@@ -586,11 +653,13 @@ func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 	}
 	if m.is("extend counts from the old lease expiry") {
 		r.lease = r.lease.Add(lease)
+	} else if m.is("an extend at its limit wraps into the past") {
+		r.lease = now.Add(wrapped(lease))
 	} else {
-		r.lease = now.Add(lease)
+		r.lease = m.writeBase(now).Add(lease)
 	}
 	if !m.is("extend keeps the old expires-at") {
-		r.expiry = r.lease.Add(m.ttl)
+		r.expiry = r.lease.Add(m.keep())
 	}
 	if m.is("extend changes the fence") {
 		r.fence++
@@ -608,7 +677,7 @@ func (m *mutant) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.clock.Now()
+	now := m.now()
 	n := 0
 	for k, r := range m.recs {
 		if limit > 0 && n >= limit && !m.is("purge ignores the limit") {
@@ -654,6 +723,17 @@ func TestMutant(t *testing.T) {
 			Advance: clock.Advance,
 			Now:     clock.Now,
 			Faults:  m,
+			ServerClock: func(t *testing.T) storetest.JumpHarness {
+				clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+				m := &mutant{bug: bug, clock: clock, ttl: time.Hour, recs: map[string]*rec{}}
+				return storetest.JumpHarness{
+					Harness: storetest.Harness{Backend: m, TTL: m.ttl, Advance: clock.Advance, Now: clock.Now, Faults: m},
+					Jump:    m.Jump,
+				}
+			},
+			WithTTL: func(ttl time.Duration) store.Backend {
+				return &mutant{bug: bug, clock: clock, ttl: ttl, recs: map[string]*rec{}}
+			},
 		}
 	})
 }

@@ -13,6 +13,9 @@
 //				Advance: clock.Advance, // or nil, with a short TTL, for a server's clock
 //				Now:     clock.Now,
 //				Faults:  proxy, // breaks the path to b's server; nil skips those cases
+//				WithTTL: func(ttl time.Duration) store.Backend { // nil skips one case
+//					return mybackend.New(db, mybackend.WithClock(clock.Now), mybackend.WithTTL(ttl))
+//				},
 //			}
 //		})
 //	}
@@ -29,8 +32,11 @@
 // backend that does not implement [store.Extender] skips the two cases about
 // Extend, one without [store.Purger] skips the case about PurgeExpired, one
 // without [store.Fingerprinter] skips the cases about payload fingerprints,
-// and a [Harness] without [Faults] skips the cases about lost replies and
-// cut connections; each skip says what it left unchecked. Every other case
+// a [Harness] without [Faults] skips the cases about lost replies and
+// cut connections, one without [Harness].WithTTL the case about ttls at
+// the limit of time.Duration, and one without ServerClock the cases about
+// a server clock that jumps ahead of, or behind, the client's estimate of
+// it (see [JumpHarness]); each skip says what it left unchecked. Every other case
 // runs for every backend, and the cases that also touch an optional method
 // (invalid keys, cancelled contexts, a claim from before a deletion, the
 // history check) call it only when the backend has it.
@@ -87,12 +93,32 @@ type Harness struct {
 	// parallel, and a reply lost on another case's call fails that case.
 	Faults Faults
 
+	// WithTTL, when set, returns a backend like Backend that applies ttl
+	// instead of TTL, on the same clock (Advance moves it, Now reads it);
+	// it may keep its records apart from Backend's or share its storage.
+	// The case about ttls at the limit of time.Duration
+	// (ttls_at_their_limit_never_expire_a_record_early) builds its
+	// backends with it, and is skipped without it; every backend with a
+	// ttl option should provide it.
+	WithTTL func(ttl time.Duration) store.Backend
+
 	// HistoryOps is how many calls the history case
 	// (concurrent_histories_are_linearizable_with_leases_that_lapse, see
 	// CheckHistory) makes. Zero means 10,000. A harness whose server is
 	// slow may lower it for some of its runs, so long as one run of the
 	// backend keeps at least 10,000.
 	HistoryOps int
+
+	// ServerClock, when set, returns a backend on a server whose clock the
+	// cases about a server clock that jumps can move (see [JumpHarness]).
+	// Only those cases call it, once for a jump ahead and once for a jump
+	// behind, each with a *testing.T of its own, so a harness can start a
+	// server for them alone (one under libfaketime, say) without the other
+	// cases paying for it. Its jumps must move no other case's clock: a
+	// server shared between calls must serve one of them at a time (hold a
+	// lock until t's cleanup). Cases that need it are skipped without it;
+	// every backend that judges time by a server's clock should provide it.
+	ServerClock func(t *testing.T) JumpHarness
 }
 
 // Faults breaks the path between a backend and its server. Both methods
@@ -164,6 +190,9 @@ var rules = []rule{
 	{"purge_removes_only_expired_records", purge},
 	{"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record", claimFromBeforeDeletion},
 	{"concurrent_histories_are_linearizable_with_leases_that_lapse", historyCase},
+	{"leases_at_their_limit_never_expire_a_claim_early", leaseLimits},
+	{"extends_at_their_limit_never_expire_a_claim_early", extendLimits},
+	{"ttls_at_their_limit_never_expire_a_record_early", ttlLimits},
 	{"a_fingerprint_stored_by_complete_is_reported_while_the_key_is_done", fpReported},
 	{"a_plain_complete_stores_no_fingerprint", fpPlain},
 	{"a_retried_complete_with_the_same_fence_keeps_the_first_fingerprint", fpRetried},
@@ -172,6 +201,11 @@ var rules = []rule{
 	{"invalid_fingerprints_are_refused_and_change_nothing", fpInvalid},
 	{"fingerprints_are_stored_verbatim_up_to_MaxFingerprintLen", fpVerbatim},
 	{"a_complete_with_a_fingerprint_whose_reply_was_lost_is_safe_to_retry", fpLost},
+
+	// A server clock that jumps (Harness.ServerClock).
+	{"a_claim_won_after_the_server_clock_jumped_is_held_for_its_lease", jumpThenClaim},
+	{"a_key_completed_after_the_server_clock_jumped_is_done_for_its_ttl", jumpThenComplete},
+	{"a_claim_or_completion_from_before_the_server_clock_jumped_never_makes_two_holders", jumpAcross},
 }
 
 type env struct {
@@ -262,7 +296,7 @@ func (e *env) claim(key string, lease time.Duration) store.Result {
 	if r.Outcome == store.Won {
 		// The new lease runs for lease from the backend's now, which lies
 		// within the call.
-		e.within("Claim.LeaseExpiry", r.Claim.LeaseExpiry, before.Add(lease), after.Add(lease))
+		e.within("Claim.LeaseExpiry", r.Claim.LeaseExpiry, store.Instant(before, 0, lease), store.Instant(after, 0, lease))
 	}
 	return r
 }
@@ -289,7 +323,7 @@ func (e *env) justBefore(instant time.Time) bool {
 		e.moveTo(instant.Add(-time.Nanosecond))
 		return true
 	}
-	d := time.Until(instant.Add(-e.h.Step))
+	d := instant.Add(-e.h.Step).Sub(e.h.Now())
 	if d < 0 {
 		e.t.Logf("real time already passed %v minus a Step; check skipped", instant)
 		return false
@@ -319,7 +353,7 @@ func (e *env) at(instant time.Time) {
 		e.moveTo(instant)
 		return
 	}
-	time.Sleep(time.Until(instant.Add(e.h.Step)))
+	time.Sleep(instant.Add(e.h.Step).Sub(e.h.Now()))
 }
 
 func (e *env) moveTo(instant time.Time) {

@@ -39,6 +39,13 @@ type SQL struct {
 	// Complete marks the claim's record done and stores its fingerprint
 	// (stamped with the fence, or NULL).
 	Complete string
+	// CompleteClaimed is Complete that changes only a record still Claimed
+	// (state 1) by the claim: the same SET, the same arguments in the same
+	// order, one more condition. A transactional completion runs it, so
+	// that it finds a record already completed by the same claim, which
+	// Complete (on PostgreSQL and SQLite) reports as done again, fenced
+	// out. MySQL's Complete already has the condition.
+	CompleteClaimed string
 	// IsDone is MySQL's: is the record done with this fence and token?
 	IsDone string
 	// Release ends the claim's lease and raises the fence.
@@ -65,6 +72,21 @@ type SQL struct {
 
 // Quote quotes one identifier in the engine's style.
 func (d *SQL) Quote(name string) string { return d.quote + name + d.quote }
+
+// The completions' UPDATE, without its RETURNING: Complete and
+// CompleteClaimed share it.
+const (
+	pgComplete = `UPDATE {T} SET state = 2,
+	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + $3 ELSE expires_at_ms END,
+	fingerprint = CASE WHEN state = 1 THEN $5 ELSE fingerprint END
+WHERE idem_key = $1 AND fence = $2 AND token = $4`
+	liteComplete = `UPDATE {T} SET state = 2,
+	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END,
+	fingerprint = CASE WHEN state = 1 THEN ?5 ELSE fingerprint END
+WHERE idem_key = ?1 AND fence = ?2 AND token = ?4`
+	myComplete = `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ?, fingerprint = ?
+WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`
+)
 
 // Postgres returns the SQL of PostgreSQL 9.5 or later (and AlloyDB, Cloud
 // SQL for PostgreSQL), for example through github.com/jackc/pgx/v5/stdlib.
@@ -114,11 +136,9 @@ SELECT CASE WHEN t.state = 2 THEN 2 ELSE 3 END, t.fence,
        CASE WHEN t.state = 2 THEN t.expires_at_ms ELSE t.lease_expiry_ms END, clock.ms,
        CASE WHEN t.state = 2 THEN t.fingerprint END
 FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
-		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = $1`,
-		Complete: `UPDATE {T} SET state = 2,
-	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + $3 ELSE expires_at_ms END,
-	fingerprint = CASE WHEN state = 1 THEN $5 ELSE fingerprint END
-WHERE idem_key = $1 AND fence = $2 AND token = $4 RETURNING 1`,
+		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = $1`,
+		Complete:        pgComplete + ` RETURNING 1`,
+		CompleteClaimed: pgComplete + ` AND state = 1 RETURNING 1`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c.ms, expires_at_ms = c.ms + $3
 FROM (SELECT {NOW} AS ms) c
 WHERE idem_key = $1 AND fence = $2 AND token = $4 AND state = 1`,
@@ -174,11 +194,9 @@ WHERE (r.state = 1 AND r.token = excluded.token)
    OR (r.state = 1 AND r.lease_expiry_ms <= excluded.lease_expiry_ms - ?2)
    OR (r.state = 2 AND r.expires_at_ms <= excluded.lease_expiry_ms - ?2)
 RETURNING fence, lease_expiry_ms`,
-		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?1`,
-		Complete: `UPDATE {T} SET state = 2,
-	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END,
-	fingerprint = CASE WHEN state = 1 THEN ?5 ELSE fingerprint END
-WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 RETURNING 1`,
+		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?1`,
+		Complete:        liteComplete + ` RETURNING 1`,
+		CompleteClaimed: liteComplete + ` AND state = 1 RETURNING 1`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?3
 WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 AND state = 1`,
 		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?3, expires_at_ms = {NOW} + ?3 + ?4
@@ -228,9 +246,9 @@ VALUES (?, 1, 1, LAST_INSERT_ID({NOW} + ?), {NOW} + ? + ?, ?, NULL)`,
 		Reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = ?
 WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
-		Complete: `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ?, fingerprint = ?
-WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
-		IsDone: `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
+		Complete:        myComplete,
+		CompleteClaimed: myComplete,
+		IsDone:          `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
 WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?, expires_at_ms = {NOW} + ? + ?
@@ -249,7 +267,8 @@ type Statements struct {
 	LockDDL string
 	// The statements of the verbs, as in [SQL].
 	Claim, Upsert, Insert, Read, Reclaim string
-	Complete, IsDone, Release, Extend    string
+	Complete, CompleteClaimed            string
+	IsDone, Release, Extend              string
 	Lease, Purge                         string
 	Returning                            bool
 	// HasFingerprint and AddFingerprint, as in [SQL].
@@ -296,7 +315,8 @@ func (d *SQL) Render(table string) Statements {
 		LockDDL: d.LockDDL,
 		Claim:   r.Replace(d.Claim), Upsert: r.Replace(d.Upsert), Insert: r.Replace(d.Insert),
 		Read: r.Replace(d.Read), Reclaim: r.Replace(d.Reclaim), Complete: r.Replace(d.Complete),
-		IsDone: r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
+		CompleteClaimed: r.Replace(d.CompleteClaimed),
+		IsDone:          r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
 		Lease: r.Replace(d.Lease), Purge: r.Replace(d.Purge), Returning: d.Returning,
 		HasFingerprint: d.HasFingerprint, AddFingerprint: r.Replace(d.AddFingerprint),
 	}

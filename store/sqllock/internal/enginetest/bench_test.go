@@ -93,3 +93,56 @@ func selects(ctx context.Context, db *sql.DB) error {
 	}
 	return nil
 }
+
+// BenchmarkCompleteTx measures a transactional completion beside the plain
+// path doing the same write, interleaved in one loop on fresh keys so that
+// both see the same machine: per delivery, a Claim, then either CompleteTx
+// with a body inserting one row into a table of the caller's (begin, the
+// insert, the conditional UPDATE, commit), or a separate transaction
+// with the same insert followed by a plain Complete (begin, the insert,
+// commit, the UPDATE). ns/op is both; tx-ns/delivery and
+// plain-ns/delivery each, and tx/plain their ratio.
+func BenchmarkCompleteTx(b *testing.B) {
+	for _, e := range engines {
+		b.Run(e.name, func(b *testing.B) {
+			db, be := e.fresh(b, nil)
+			s := newSink(b, e, db)
+			ctx := context.Background()
+			prefix := fmt.Sprint(time.Now().UnixNano(), ":")
+			var txTime, plainTime time.Duration
+			i := 0
+			for b.Loop() {
+				i++
+				key := fmt.Sprint(prefix, i)
+				start := time.Now()
+				c := mustWin(b, be, key, time.Minute)
+				ok, err := be.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, key) })
+				if !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+				txTime += time.Since(start)
+
+				key += "p"
+				start = time.Now()
+				c = mustWin(b, be, key, time.Minute)
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.write(ctx, tx, key); err != nil {
+					b.Fatal(err)
+				}
+				if err := tx.Commit(); err != nil {
+					b.Fatal(err)
+				}
+				if ok, err := be.Complete(ctx, c); !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+				plainTime += time.Since(start)
+			}
+			b.ReportMetric(float64(txTime.Nanoseconds())/float64(b.N), "tx-ns/delivery")
+			b.ReportMetric(float64(plainTime.Nanoseconds())/float64(b.N), "plain-ns/delivery")
+			b.ReportMetric(float64(txTime)/float64(plainTime), "tx/plain")
+		})
+	}
+}

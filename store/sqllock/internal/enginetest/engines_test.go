@@ -88,6 +88,12 @@ type counter struct {
 	// afterExec, when set, runs after each prepared statement's exec
 	// returns, with the statement's text.
 	afterExec atomic.Pointer[func(q string)]
+	// beforeQuery, when set, runs before each prepared statement's query
+	// is sent, with the statement's text.
+	beforeQuery atomic.Pointer[func(q string)]
+	// beforeCommit, when set, runs before each transaction's commit is
+	// sent.
+	beforeCommit atomic.Pointer[func()]
 }
 
 // open opens a database of the engine, counting statements into c (which
@@ -176,7 +182,25 @@ func (c *countingConn) ExecContext(ctx context.Context, q string, args []driver.
 }
 
 func (c *countingConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	return c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	tx, err := c.Conn.(driver.ConnBeginTx).BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &countingTx{Tx: tx, c: c.c}, nil
+}
+
+// countingTx forwards to the driver's transaction, running the counter's
+// beforeCommit hook.
+type countingTx struct {
+	driver.Tx
+	c *counter
+}
+
+func (tx *countingTx) Commit() error {
+	if hook := tx.c.beforeCommit.Load(); hook != nil {
+		(*hook)()
+	}
+	return tx.Tx.Commit()
 }
 
 // PrepareContext counts a prepare as a round trip, and each execution of
@@ -212,6 +236,9 @@ func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.c.n.Add(1)
+	if hook := s.c.beforeQuery.Load(); hook != nil {
+		(*hook)(s.q)
+	}
 	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
 }
 

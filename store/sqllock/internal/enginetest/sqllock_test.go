@@ -51,10 +51,50 @@ func TestContract(t *testing.T) {
 				db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
 				h.Faults = proxy
 			}
-			h.Backend = e.backend(t, db, sqllock.WithTTL(ttl))
+			b := e.backend(t, db, sqllock.WithTTL(ttl))
+			h.Backend = b
+			// On the same table: a purge by either backend sees the
+			// other's records.
+			h.WithTTL = func(ttl time.Duration) store.Backend {
+				o, err := sqllock.New(db, e.dialect, sqllock.WithTable(tableOf(b)), sqllock.WithTTL(ttl))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			}
+			h.ServerClock = jumpHarness(e)
 			return h
 		})
 	})
+}
+
+// jumpHarness is the contract suite's backend on a server whose wall clock
+// the suite jumps (storetest.JumpHarness): a server of the engine started
+// under libfaketime, one case at a time. It is nil for SQLite, which reads
+// the clock of the process it runs in, the client's: there is no server
+// clock to jump apart from it.
+func jumpHarness(e engine) func(t *testing.T) storetest.JumpHarness {
+	var start func(t testing.TB) (string, *testsvc.FakeClock)
+	switch e.name {
+	case "postgres":
+		start = testsvc.PostgresOnFakeClock
+	case "mysql":
+		start = func(t testing.TB) (string, *testsvc.FakeClock) {
+			base, clock := testsvc.MariaDBOnFakeClock(t)
+			return createDatabase(t, base, "idem_test"), clock
+		}
+	default:
+		return nil
+	}
+	return func(t *testing.T) storetest.JumpHarness {
+		const ttl = 2 * time.Second
+		dsn, clock := start(t)
+		db := e.open(t, dsn, nil)
+		return storetest.JumpHarness{
+			Harness: storetest.Harness{Backend: e.backend(t, db, sqllock.WithTTL(ttl)), TTL: ttl, Step: 200 * time.Millisecond, Now: clock.Now},
+			Jump:    clock.Jump,
+		}
+	}
 }
 
 // serverAddr is the host:port in a networked engine's DSN, or "" for
