@@ -66,10 +66,10 @@ const settleTimeout = 30 * time.Second
 // and the key is free to claim again). When that settling fails, the
 // error wraps store.ErrCommitUnknown.
 //
-// Limits are Datastore's: a transaction may write at most 500 entities
-// (the record is one of them), read or write at most 25 entity groups in
-// the legacy service, lasts at most 270 seconds (60 seconds idle), and a
-// commit carries at most 10 MiB; body's entities must live in the
+// Limits are Datastore's: a transaction carries at most 10 MiB, lasts at
+// most 270 seconds (60 seconds idle), and on a Cloud Datastore database
+// not yet upgraded to Firestore in Datastore mode touches at most 25
+// entity groups (the record's is one); body's entities must live in the
 // backend's database (WithDatabase), in any namespace and kind.
 func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(ctx context.Context, tx *datastore.Transaction) error) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {

@@ -74,9 +74,8 @@ const staleRounds = 3
 // store.ErrCommitUnknown.
 //
 // Limits are Firestore's: a transaction lasts at most 270 seconds (60
-// seconds idle), a commit carries at most 500 writes (the record is one)
-// and 10 MiB; body's documents must live in the backend's database
-// (WithDatabase), in any collection.
+// seconds idle) and a commit carries at most 10 MiB; body's documents must
+// live in the backend's database (WithDatabase), in any collection.
 //
 // The client is built on the Backend's connection. When
 // FIRESTORE_EMULATOR_HOST is set, the firestore client also dials the
