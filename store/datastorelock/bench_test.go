@@ -81,3 +81,40 @@ func BenchmarkDelivery(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCompleteTx measures a delivery that writes one entity of its
+// own, on fresh keys: Claim, then CompleteTx with the write in its body
+// (one transaction), beside Claim, a separate transaction with the same
+// write, and a plain Complete.
+func BenchmarkCompleteTx(b *testing.B) {
+	s := newSink(b)
+	ctx := context.Background()
+	for _, kind := range []string{"plain-complete+write-transaction", "complete-tx"} {
+		b.Run(kind, func(b *testing.B) {
+			be, _ := newBackend(b)
+			i := 0
+			for b.Loop() {
+				i++
+				key := fmt.Sprintf("%s-%d", kind, i)
+				r, err := be.Claim(ctx, key, time.Minute)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var ok bool
+				if kind == "complete-tx" {
+					ok, err = be.CompleteTx(ctx, r.Claim, "", func(ctx context.Context, tx *datastore.Transaction) error {
+						return s.write(tx, key)
+					})
+				} else {
+					if _, err = s.client.RunInTransaction(ctx, func(tx *datastore.Transaction) error { return s.write(tx, key) }); err != nil {
+						b.Fatal(err)
+					}
+					ok, err = be.Complete(ctx, r.Claim)
+				}
+				if !ok || err != nil {
+					b.Fatal(ok, err)
+				}
+			}
+		})
+	}
+}

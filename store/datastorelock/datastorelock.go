@@ -221,7 +221,9 @@ type Backend struct {
 	clientOptsSet bool
 
 	rpc    pb.DatastoreClient
+	conn   grpc.ClientConnInterface
 	closer io.Closer // the connection Dial opened; nil from New
+	tx     txClient  // CompleteTx's datastore client (tx.go)
 	md     metadata.MD
 
 	clock *doclock.Clock
@@ -341,6 +343,7 @@ func configure(project string, opts []Option) (*Backend, error) {
 // caller owns conn) when b is closed.
 func (b *Backend) attach(conn grpc.ClientConnInterface, owned io.Closer) {
 	b.rpc = pb.NewDatastoreClient(conn)
+	b.conn = conn
 	b.closer = owned
 	prefix := "projects/" + b.project
 	params := "project_id=" + b.project

@@ -4,6 +4,9 @@ import (
 	"context"
 	"log"
 	"os"
+	"time"
+
+	"cloud.google.com/go/datastore"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -11,6 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
@@ -52,3 +56,26 @@ func ExampleNew() {
 
 func handleOrder(ctx context.Context, e cloudevents.Event) error   { return nil }
 func handleInvoice(ctx context.Context, e cloudevents.Event) error { return nil }
+
+// An order's entity and the key's Done record commit in one transaction:
+// a process that dies before the commit leaves neither, and a holder that
+// was replaced commits nothing (false).
+func ExampleBackend_CompleteTx() {
+	ctx := context.Background()
+	backend, err := datastorelock.Dial(ctx, "my-project")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer backend.Close()
+	r, err := backend.Claim(ctx, "orders:42", time.Minute)
+	if err != nil || r.Outcome != store.Won {
+		return // a duplicate, or busy
+	}
+	done, err := backend.CompleteTx(ctx, r.Claim, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		_, err := tx.Put(datastore.NameKey("Order", "42", nil), &struct{ Total int64 }{Total: 1999})
+		return err // called again with a fresh tx when Datastore aborts it
+	})
+	if err != nil || !done {
+		backend.Release(ctx, r.Claim) // not committed (or, with store.ErrCommitUnknown, unknown): a redelivery decides
+	}
+}

@@ -237,7 +237,9 @@ type Backend struct {
 	clientOptsSet bool
 
 	rpc    pb.FirestoreClient
+	conn   grpc.ClientConnInterface
 	closer io.Closer // the connection Dial opened; nil from New
+	tx     txClient  // CompleteTx's firestore client (tx.go)
 	md     metadata.MD
 	db     string // projects/P/databases/D
 	docs   string // db + "/documents/" + collection + "/"
@@ -364,6 +366,7 @@ func configure(project string, opts []Option) (*Backend, error) {
 // caller owns conn) when b is closed.
 func (b *Backend) attach(conn grpc.ClientConnInterface, owned io.Closer) {
 	b.rpc = pb.NewFirestoreClient(conn)
+	b.conn = conn
 	b.closer = owned
 	b.db = "projects/" + b.project + "/databases/" + b.database
 	b.docs = b.db + "/documents/" + b.collection + "/"

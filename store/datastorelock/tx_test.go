@@ -1,0 +1,402 @@
+package datastorelock_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/datastore"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+)
+
+// The user's data of the CompleteTx tests: one entity of kind "Order" per
+// write, a child of the entity group ("OrderGroup", id), so that an
+// ancestor query counts them with strong consistency.
+
+// sink is where a test's bodies write, beside the records.
+type sink struct {
+	client *datastore.Client
+	ns     string
+}
+
+func newSink(t testing.TB) sink {
+	t.Helper()
+	testsvc.Datastore(t)
+	c, err := datastore.NewClient(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return sink{client: c, ns: namespace()}
+}
+
+func (s sink) group(id string) *datastore.Key {
+	k := datastore.NameKey("OrderGroup", id, nil)
+	k.Namespace = s.ns
+	return k
+}
+
+type order struct{ ID string }
+
+// write adds, in tx, one new Order entity carrying id.
+func (s sink) write(tx *datastore.Transaction, id string) error {
+	k := datastore.IncompleteKey("Order", s.group(id))
+	k.Namespace = s.ns
+	_, err := tx.Put(k, &order{ID: id})
+	return err
+}
+
+// countErr is the number of committed Order entities carrying id.
+func (s sink) countErr(ctx context.Context, id string) (int, error) {
+	q := datastore.NewQuery("Order").Namespace(s.ns).Ancestor(s.group(id)).KeysOnly()
+	keys, err := s.client.GetAll(ctx, q, nil)
+	return len(keys), err
+}
+
+func (s sink) count(t testing.TB, id string) int {
+	t.Helper()
+	n, err := s.countErr(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The conformance suite of store.TxCompleter, with lost replies and cut
+// connections.
+func TestContractTx(t *testing.T) {
+	storetest.RunTx(t, func(t *testing.T) storetest.TxHarness[*datastore.Transaction] {
+		clock := newClock()
+		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
+		s := newSink(t)
+		return storetest.TxHarness[*datastore.Transaction]{
+			Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f},
+			Write:   func(ctx context.Context, tx *datastore.Transaction, id string) error { return s.write(tx, id) },
+			Count:   s.countErr,
+			Retry:   datastore.ErrConcurrentTransaction,
+		}
+	})
+}
+
+func claim(t testing.TB, b store.Backend, key string, lease time.Duration) store.Claim {
+	t.Helper()
+	r, err := b.Claim(context.Background(), key, lease)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim %q: %v %v", key, r.Outcome, err)
+	}
+	return r.Claim
+}
+
+// The body's writes and the Done mark commit together; the record is Done
+// with the fingerprint, and a second CompleteTx of the same claim commits
+// nothing.
+func TestCompleteTxCommitsWritesAndMark(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	ok, err := b.CompleteTx(ctx, c, "fp1", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil || r.Outcome != store.AlreadyDone || r.Fingerprint != "fp1" {
+		t.Fatalf("claim after CompleteTx: %+v %v, want AlreadyDone with fingerprint fp1", r, err)
+	}
+	ok, err = b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if ok || err != nil {
+		t.Fatalf("second CompleteTx: %v %v, want false, nil", ok, err)
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed after the second CompleteTx, want 1", n)
+	}
+}
+
+// The Done record written in the transaction is the one Complete writes:
+// a plain Complete of the same claim finds it its own (true), and the
+// record expires a ttl after the server's time (here the fake clock's).
+func TestCompleteTxWritesTheRecordAsCompleteDoes(t *testing.T) {
+	newSink(t)
+	clock := newClock()
+	b, _ := newBackend(t, datastorelock.WithClock(clock.Now), datastorelock.WithTTL(time.Hour))
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	clock.Advance(10 * time.Second)
+	if ok, err := b.CompleteTx(ctx, c, "", func(context.Context, *datastore.Transaction) error { return nil }); !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if ok, err := b.Complete(ctx, c); !ok || err != nil {
+		t.Fatalf("Complete after CompleteTx: %v %v, want true (the record is Done by this claim)", ok, err)
+	}
+	r, err := b.Claim(ctx, "k", time.Minute)
+	want := clock.Now().Add(time.Hour)
+	if err != nil || r.Outcome != store.AlreadyDone || !r.Until.Equal(want) {
+		t.Fatalf("claim: %+v %v, want AlreadyDone until %v", r, err, want)
+	}
+	if r.Fingerprint != "" {
+		t.Fatalf("fingerprint %q, want none", r.Fingerprint)
+	}
+}
+
+// A holder whose lease lapsed and who was replaced cannot commit: its
+// CompleteTx returns false and its writes are absent; the successor's
+// commits.
+func TestCompleteTxOfASupersededHolderCommitsNothing(t *testing.T) {
+	s := newSink(t)
+	a, _, b, clock := twoOnOneClock(t)
+	ctx := t.Context()
+	old := claim(t, a, "k", time.Minute)
+	clock.Advance(2 * time.Minute)
+	cur := claim(t, b, "k", time.Minute)
+	ok, err := a.CompleteTx(ctx, old, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "old")
+	})
+	if ok || err != nil {
+		t.Fatalf("superseded CompleteTx: %v %v, want false, nil", ok, err)
+	}
+	if n := s.count(t, "old"); n != 0 {
+		t.Fatalf("the superseded holder's writes: %d committed, want 0", n)
+	}
+	ok, err = b.CompleteTx(ctx, cur, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "new")
+	})
+	if !ok || err != nil {
+		t.Fatalf("successor's CompleteTx: %v %v", ok, err)
+	}
+	if n := s.count(t, "new"); n != 1 {
+		t.Fatalf("the successor's writes: %d committed, want 1", n)
+	}
+}
+
+// A body error rolls back: no writes, no mark, and an error that wraps
+// the body's. The claim can then be released and the key claimed again.
+func TestCompleteTxBodyErrorWritesNothing(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	boom := errors.New("boom")
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		return boom
+	})
+	if ok || !errors.Is(err, boom) {
+		t.Fatalf("CompleteTx: %v %v, want false and an error wrapping the body's", ok, err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
+	}
+	if err := b.Release(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	// The release moved the fence on; the claim takes the next.
+	if r := claim(t, b, "k", time.Minute); r.Fence != c.Fence+2 {
+		t.Fatalf("reclaimed at fence %d, want %d", r.Fence, c.Fence+2)
+	}
+}
+
+// A commit whose reply is lost after it applied is settled: true, the
+// writes once, the key Done.
+func TestCompleteTxLostCommitReplyThatAppliedIsSettledTrue(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	r.loseNextCommit.Store(true)
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v, want true, nil", ok, err)
+	}
+	if r.lost.Load() != 1 {
+		t.Fatalf("%d replies lost, want 1 (the commit's)", r.lost.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if res, err := b.Claim(ctx, "k", time.Minute); err != nil || res.Outcome != store.AlreadyDone {
+		t.Fatalf("claim: %v %v, want AlreadyDone", res.Outcome, err)
+	}
+}
+
+// A commit that never reached the server (the connection dropped as it
+// was sent: the process could as well have died between the body's last
+// write and the commit) is settled as not committed: an error that is not
+// ErrCommitUnknown, no writes, and the claim released, so the key can be
+// claimed again at once.
+func TestCompleteTxCommitThatNeverLandedIsSettledFalse(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Hour)
+	r.dropNextCommit.Store(true)
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if ok || err == nil || errors.Is(err, store.ErrCommitUnknown) {
+		t.Fatalf("CompleteTx: %v %v, want false and an error (settled, not unknown)", ok, err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
+	}
+	if res := claim(t, b, "k", time.Minute); res.Fence != c.Fence+2 {
+		t.Fatalf("reclaimed at fence %d, want %d (released, then claimed)", res.Fence, c.Fence+2)
+	}
+}
+
+// When the settle cannot reach the store either, the error wraps
+// ErrCommitUnknown.
+func TestCompleteTxUnsettledCommitIsUnknown(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t, datastorelock.WithRetries(0))
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Hour)
+	r.loseNextCommit.Store(true)
+	r.whileLost = func() { r.loseNext.Store(true) } // and the settle's first reply
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if ok || !errors.Is(err, store.ErrCommitUnknown) {
+		t.Fatalf("CompleteTx: %v %v, want false and ErrCommitUnknown", ok, err)
+	}
+}
+
+// A ctx that ends after the body's writes and before the commit rolls
+// them back: nothing is written and the claim still holds the key.
+func TestCompleteTxCancelledBeforeCommitWritesNothing(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	c := claim(t, b, "k", time.Hour)
+	ctx, cancel := context.WithCancel(t.Context())
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		defer cancel()
+		return s.write(tx, "k")
+	})
+	if ok || err == nil {
+		t.Fatalf("CompleteTx: %v %v, want false and an error", ok, err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
+	}
+	if res, err := b.Claim(t.Context(), "k", time.Minute); err != nil || res.Outcome != store.HeldByOther {
+		t.Fatalf("claim: %v %v, want HeldByOther", res.Outcome, err)
+	}
+}
+
+// A transaction that the store aborts (a conflict on an entity the body
+// read) is run again with a fresh one, body included: the writes land
+// once. So does one whose body reports the abort.
+func TestCompleteTxRetriedCommitsOnce(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	counter := datastore.NameKey("Counter", "c", nil)
+	counter.Namespace = s.ns
+	if _, err := s.client.Put(ctx, counter, &order{ID: "0"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("conflict", func(t *testing.T) {
+		c := claim(t, b, "conflict", time.Minute)
+		var calls atomic.Int32
+		ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+			var o order
+			if err := tx.Get(counter, &o); err != nil {
+				return err
+			}
+			if calls.Add(1) == 1 {
+				// Another writer changes what this transaction read.
+				if _, err := s.client.Put(ctx, counter, &order{ID: "1"}); err != nil {
+					return err
+				}
+			}
+			return s.write(tx, "conflict")
+		})
+		if !ok || err != nil {
+			t.Fatalf("CompleteTx: %v %v", ok, err)
+		}
+		if calls.Load() != 2 {
+			t.Fatalf("body called %d times, want 2", calls.Load())
+		}
+		if n := s.count(t, "conflict"); n != 1 {
+			t.Fatalf("%d writes committed, want 1", n)
+		}
+	})
+	t.Run("body", func(t *testing.T) {
+		c := claim(t, b, "body", time.Minute)
+		var calls atomic.Int32
+		ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+			if err := s.write(tx, "body"); err != nil {
+				return err
+			}
+			if calls.Add(1) == 1 {
+				return datastore.ErrConcurrentTransaction
+			}
+			return nil
+		})
+		if !ok || err != nil || calls.Load() != 2 {
+			t.Fatalf("CompleteTx: %v %v after %d calls, want true after 2", ok, err, calls.Load())
+		}
+		if n := s.count(t, "body"); n != 1 {
+			t.Fatalf("%d writes committed, want 1", n)
+		}
+	})
+}
+
+// While a body runs, the transaction holds nothing of the record: a
+// concurrent Claim of the key answers HeldByOther before the body ends.
+func TestCompleteTxDoesNotBlockAConcurrentClaim(t *testing.T) {
+	s := newSink(t)
+	a, _, b, _ := twoOnOneClock(t)
+	ctx := t.Context()
+	c := claim(t, a, "k", time.Minute)
+	claimed := make(chan store.Result, 1)
+	ok, err := a.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		// The body goes on until the other Claim has answered.
+		r, err := b.Claim(ctx, "k", time.Minute)
+		if err != nil {
+			return err
+		}
+		claimed <- r
+		return nil
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if r := <-claimed; r.Outcome != store.HeldByOther {
+		t.Fatalf("concurrent claim: %v, want HeldByOther", r.Outcome)
+	}
+}
+
+// CompleteTx validates the key and the fingerprint before any I/O.
+func TestCompleteTxValidatesFirst(t *testing.T) {
+	b, r := newBackend(t)
+	body := func(context.Context, *datastore.Transaction) error { t.Error("body called"); return nil }
+	if _, err := b.CompleteTx(t.Context(), store.Claim{Key: "", Fence: 1, Token: "t"}, "", body); !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := b.CompleteTx(t.Context(), store.Claim{Key: "k", Fence: 1, Token: "t"}, "bad\x00fp", body); !errors.Is(err, store.ErrInvalidFingerprint) {
+		t.Fatal("an invalid fingerprint passed")
+	}
+	if calls := r.take(); len(calls) != 0 {
+		t.Fatalf("RPCs sent: %v", calls)
+	}
+}

@@ -1,0 +1,389 @@
+package firestorelock_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/firestore"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
+)
+
+// The user's data of the CompleteTx tests: one document per write, with a
+// generated ID, in a collection of the test's own.
+
+// sink is where a test's bodies write, beside the records.
+type sink struct {
+	client *firestore.Client
+	coll   *firestore.CollectionRef
+}
+
+func newSink(t testing.TB) sink {
+	t.Helper()
+	testsvc.Firestore(t)
+	c, err := firestore.NewClient(context.Background(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return sink{client: c, coll: c.Collection("orders_" + collection())}
+}
+
+// write adds, in tx, one new document carrying id.
+func (s sink) write(tx *firestore.Transaction, id string) error {
+	return tx.Create(s.coll.NewDoc(), map[string]any{"id": id})
+}
+
+// countErr is the number of committed documents carrying id.
+func (s sink) countErr(ctx context.Context, id string) (int, error) {
+	docs, err := s.coll.Where("id", "==", id).Documents(ctx).GetAll()
+	return len(docs), err
+}
+
+func (s sink) count(t testing.TB, id string) int {
+	t.Helper()
+	n, err := s.countErr(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// The conformance suite of store.TxCompleter, with lost replies and cut
+// connections.
+func TestContractTx(t *testing.T) {
+	storetest.RunTx(t, func(t *testing.T) storetest.TxHarness[*firestore.Transaction] {
+		server := newClock()
+		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
+		s := newSink(t)
+		return storetest.TxHarness[*firestore.Transaction]{
+			Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f},
+			Write:   func(ctx context.Context, tx *firestore.Transaction, id string) error { return s.write(tx, id) },
+			Count:   s.countErr,
+			Retry:   status.Error(codes.Aborted, "contended"),
+		}
+	})
+}
+
+func claim(t testing.TB, b store.Backend, key string, lease time.Duration) store.Claim {
+	t.Helper()
+	r, err := b.Claim(context.Background(), key, lease)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim %q: %v %v", key, r.Outcome, err)
+	}
+	return r.Claim
+}
+
+// The body's writes and the Done mark commit together; the record is Done
+// with the fingerprint, and a second CompleteTx of the same claim commits
+// nothing.
+func TestCompleteTxCommitsWritesAndMark(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	ok, err := b.CompleteTx(ctx, c, "fp1", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil || r.Outcome != store.AlreadyDone || r.Fingerprint != "fp1" {
+		t.Fatalf("claim after CompleteTx: %+v %v, want AlreadyDone with fingerprint fp1", r, err)
+	}
+	ok, err = b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if ok || err != nil {
+		t.Fatalf("second CompleteTx: %v %v, want false, nil", ok, err)
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed after the second CompleteTx, want 1", n)
+	}
+}
+
+// The Done record written in the transaction is the one Complete writes:
+// a plain Complete of the same claim finds it its own (true), and the
+// record expires a ttl after the server's time (here the fake clock's).
+func TestCompleteTxWritesTheRecordAsCompleteDoes(t *testing.T) {
+	newSink(t)
+	clock := newClock()
+	b, _ := onClock(t, clock, firestorelock.WithTTL(time.Hour))
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	clock.Advance(10 * time.Second)
+	if ok, err := b.CompleteTx(ctx, c, "", func(context.Context, *firestore.Transaction) error { return nil }); !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if ok, err := b.Complete(ctx, c); !ok || err != nil {
+		t.Fatalf("Complete after CompleteTx: %v %v, want true (the record is Done by this claim)", ok, err)
+	}
+	r, err := b.Claim(ctx, "k", time.Minute)
+	want := clock.Now().Add(time.Hour)
+	if err != nil || r.Outcome != store.AlreadyDone || !r.Until.Equal(want) {
+		t.Fatalf("claim: %+v %v, want AlreadyDone until %v", r, err, want)
+	}
+	if r.Fingerprint != "" {
+		t.Fatalf("fingerprint %q, want none", r.Fingerprint)
+	}
+}
+
+// A holder whose lease lapsed and who was replaced cannot commit: its
+// CompleteTx returns false and its writes are absent; the successor's
+// commits.
+func TestCompleteTxOfASupersededHolderCommitsNothing(t *testing.T) {
+	s := newSink(t)
+	a, _, b, clock := twoOnOneClock(t)
+	ctx := t.Context()
+	old := claim(t, a, "k", time.Minute)
+	clock.Advance(2 * time.Minute)
+	cur := claim(t, b, "k", time.Minute)
+	ok, err := a.CompleteTx(ctx, old, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "old")
+	})
+	if ok || err != nil {
+		t.Fatalf("superseded CompleteTx: %v %v, want false, nil", ok, err)
+	}
+	if n := s.count(t, "old"); n != 0 {
+		t.Fatalf("the superseded holder's writes: %d committed, want 0", n)
+	}
+	ok, err = b.CompleteTx(ctx, cur, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "new")
+	})
+	if !ok || err != nil {
+		t.Fatalf("successor's CompleteTx: %v %v", ok, err)
+	}
+	if n := s.count(t, "new"); n != 1 {
+		t.Fatalf("the successor's writes: %d committed, want 1", n)
+	}
+}
+
+// A body error rolls back: no writes, no mark, and an error that wraps
+// the body's. The claim can then be released and the key claimed again.
+func TestCompleteTxBodyErrorWritesNothing(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	boom := errors.New("boom")
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		return boom
+	})
+	if ok || !errors.Is(err, boom) {
+		t.Fatalf("CompleteTx: %v %v, want false and an error wrapping the body's", ok, err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
+	}
+	if err := b.Release(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	// The release moved the fence on; the claim takes the next.
+	if r := claim(t, b, "k", time.Minute); r.Fence != c.Fence+2 {
+		t.Fatalf("reclaimed at fence %d, want %d", r.Fence, c.Fence+2)
+	}
+}
+
+// A commit whose reply is lost after it applied is settled: true, the
+// writes once, the key Done.
+func TestCompleteTxLostCommitReplyThatAppliedIsSettledTrue(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	r.loseNextCommit.Store(true)
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v, want true, nil", ok, err)
+	}
+	if r.lost.Load() != 1 {
+		t.Fatalf("%d replies lost, want 1 (the commit's)", r.lost.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if res, err := b.Claim(ctx, "k", time.Minute); err != nil || res.Outcome != store.AlreadyDone {
+		t.Fatalf("claim: %v %v, want AlreadyDone", res.Outcome, err)
+	}
+}
+
+// A commit that never reached the server, and whose resends (the
+// firestore client resends a commit after Unavailable) end with the
+// caller's ctx, is settled as not committed: an error that is not
+// ErrCommitUnknown, no writes, and the claim released, so the key can be
+// claimed again at once.
+func TestCompleteTxCommitThatNeverLandedIsSettledFalse(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	c := claim(t, b, "k", time.Hour)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	r.dropNextCommit.Store(true)
+	r.whileLost = cancel
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if ok || err == nil || errors.Is(err, store.ErrCommitUnknown) {
+		t.Fatalf("CompleteTx: %v %v, want false and an error (settled, not unknown)", ok, err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
+	}
+	if res := claim(t, b, "k", time.Minute); res.Fence != c.Fence+2 {
+		t.Fatalf("reclaimed at fence %d, want %d (released, then claimed)", res.Fence, c.Fence+2)
+	}
+}
+
+// When the settle cannot reach the store either, the error wraps
+// ErrCommitUnknown.
+func TestCompleteTxUnsettledCommitIsUnknown(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t, firestorelock.WithRetries(0))
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Hour)
+	r.loseNextCommit.Store(true)
+	r.whileLost = func() { r.loseNext.Store(true) } // and the settle's first reply
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		return s.write(tx, "k")
+	})
+	if ok || !errors.Is(err, store.ErrCommitUnknown) {
+		t.Fatalf("CompleteTx: %v %v, want false and ErrCommitUnknown", ok, err)
+	}
+}
+
+// A ctx that ends after the body's writes and before the commit (as a
+// process that dies there) leaves nothing written, and an error.
+func TestCompleteTxCancelledBeforeCommitWritesNothing(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	c := claim(t, b, "k", time.Hour)
+	ctx, cancel := context.WithCancel(t.Context())
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		defer cancel()
+		return s.write(tx, "k")
+	})
+	if ok || err == nil {
+		t.Fatalf("CompleteTx: %v %v, want false and an error", ok, err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
+	}
+	if res, err := b.Claim(t.Context(), "k", time.Minute); err != nil || res.Outcome == store.AlreadyDone {
+		t.Fatalf("claim: %v %v, want the key not Done", res.Outcome, err)
+	}
+}
+
+// A transaction that Firestore aborts (here its body reports Aborted, as
+// a contended read in it would) is run again with a fresh one, body
+// included: the writes land once.
+func TestCompleteTxRetriedCommitsOnce(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	var calls atomic.Int32
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			return status.Error(codes.Aborted, "contended")
+		}
+		return nil
+	})
+	if !ok || err != nil || calls.Load() != 2 {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 2", ok, err, calls.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+}
+
+// A claim whose version of the record is stale (it was extended through
+// another copy of the claim) still completes: the refused precondition
+// reads the record, and the transaction runs again on it, keeping the
+// extended lease.
+func TestCompleteTxOnAStaleClaimVersionRunsAgain(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	ext, err := b.Extend(ctx, c, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		calls.Add(1)
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil || calls.Load() != 2 {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 2", ok, err, calls.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if ok, err := b.Complete(ctx, ext); !ok || err != nil {
+		t.Fatalf("Complete of the extended claim: %v %v, want true (Done by it)", ok, err)
+	}
+}
+
+// While a body runs, the transaction holds nothing of the record: a
+// concurrent Claim of the key answers HeldByOther before the body ends.
+func TestCompleteTxDoesNotBlockAConcurrentClaim(t *testing.T) {
+	s := newSink(t)
+	a, _, b, _ := twoOnOneClock(t)
+	ctx := t.Context()
+	c := claim(t, a, "k", time.Minute)
+	claimed := make(chan store.Result, 1)
+	ok, err := a.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		// The body goes on until the other Claim has answered.
+		r, err := b.Claim(ctx, "k", time.Minute)
+		if err != nil {
+			return err
+		}
+		claimed <- r
+		return nil
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v", ok, err)
+	}
+	if r := <-claimed; r.Outcome != store.HeldByOther {
+		t.Fatalf("concurrent claim: %v, want HeldByOther", r.Outcome)
+	}
+}
+
+// CompleteTx validates the key and the fingerprint before any I/O.
+func TestCompleteTxValidatesFirst(t *testing.T) {
+	b, r := newBackend(t)
+	body := func(context.Context, *firestore.Transaction) error { t.Error("body called"); return nil }
+	if _, err := b.CompleteTx(t.Context(), store.Claim{Key: "", Fence: 1, Token: "t"}, "", body); !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if _, err := b.CompleteTx(t.Context(), store.Claim{Key: "k", Fence: 1, Token: "t"}, "bad\x00fp", body); !errors.Is(err, store.ErrInvalidFingerprint) {
+		t.Fatal("an invalid fingerprint passed")
+	}
+	if calls := r.take(); len(calls) != 0 {
+		t.Fatalf("RPCs sent: %v", calls)
+	}
+}
