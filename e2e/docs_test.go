@@ -505,7 +505,7 @@ func (c *commandChecker) goTestSelects(env, args []string) error {
 	return nil
 }
 
-var testFuncRE = regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz)[A-Za-z0-9_]*)\(`)
+var testFuncRE = regexp.MustCompile(`(?m)^func ((?:Test|Benchmark|Fuzz|Example)[A-Za-z0-9_]*)\(`)
 
 func testFuncs(file string) []string {
 	b, err := os.ReadFile(file)
