@@ -49,8 +49,10 @@
 // # Growing the port
 //
 // Like database/sql/driver, the port grows by optional interfaces that a
-// backend may implement beside [Backend]: [Extender], [Purger] and
-// [Fingerprinter]. Callers discover them with a type assertion.
+// backend may implement beside [Backend]: [Extender], [Purger],
+// [Fingerprinter], [TxCompleter], and the operations interfaces
+// [Inspector], [Lister], [ForceReleaser] and [Forgetter] ([Operator]).
+// Callers discover them with a type assertion.
 package store
 
 import (
