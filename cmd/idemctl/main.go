@@ -1,0 +1,617 @@
+// Command idemctl shows and acts on the records an idempotency backend
+// keeps: the on-call's tool for "was message X processed?", "this key is
+// stuck" and "replay after a fix".
+//
+// Usage:
+//
+//	idemctl <command> [flags] [KEY]
+//
+// Commands:
+//
+//	get KEY       show one key's record
+//	list          list records by --prefix and --state
+//	count         count records by state under --prefix
+//	release KEY   free a claimed key (its holder is fenced out)
+//	forget KEY    delete a done key, so its next delivery runs again
+//	forget --prefix P (--dry-run | --yes) [--done-from T] [--done-before T]
+//	              delete every done key under P completed in a window
+//	purge         delete expired records (SQL, Datastore, Firestore, Spanner)
+//
+// Every command takes --store URL (default $IDEMCTL_STORE), --json (one
+// JSON document on stdout), --ttl (the ttl your service's backend uses,
+// default 1h) and --timeout; `idemctl <command> --help` describes its own
+// flags. The store URLs are those of [storeHelp].
+//
+// Exit codes:
+//
+//	0  done
+//	1  the operation failed or was refused (the store's error, a record
+//	   that is not in the state the command acts on, a record that changed
+//	   since it was read, a forget --prefix without --yes)
+//	2  usage error: unknown command or flag, missing key, invalid --store
+//	3  not found: get, release or forget of a key that has no record
+//
+// The commands are built on the admin package
+// (github.com/gcp-pubsub-idempotency/idempotency/admin), whose guarded
+// operations act only on the record as read.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/admin"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFailed   = 1
+	exitUsage    = 2
+	exitNotFound = 3
+)
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, os.Getenv, openStore))
+}
+
+const usage = `idemctl shows and acts on the records of an idempotency store.
+
+Usage:
+  idemctl <command> [flags] [KEY]
+
+Commands:
+  get KEY        show one key's record
+  list           list records (--prefix, --state, --limit)
+  count          count records by state under --prefix
+  release KEY    free a claimed key now; its holder is fenced out
+  forget KEY     delete a done key, so that its next delivery runs again
+  forget --prefix P (--dry-run | --yes) [--done-from T] [--done-before T]
+                 delete the done keys under P completed in a window
+  purge          delete expired records (not on Redis, which expires them)
+
+Run 'idemctl <command> --help' for a command's flags.
+
+Exit codes: 0 done; 1 failed or refused; 2 usage error; 3 no record for the key.
+
+`
+
+// command is one subcommand.
+type command struct {
+	name, args, help string
+	// key: the command takes one KEY argument (required unless
+	// optionalKey).
+	key, optionalKey bool
+	flags            func(fs *flag.FlagSet, o *opts)
+	run              func(c *cli, key string) int
+}
+
+// opts is every flag value.
+type opts struct {
+	store      string
+	json       bool
+	ttl        time.Duration
+	timeout    time.Duration
+	prefix     string
+	state      string
+	limit      int
+	all        bool
+	yes        bool
+	dryRun     bool
+	doneFrom   string
+	doneBefore string
+}
+
+// cli is one run's context.
+type cli struct {
+	ctx            context.Context
+	stdout, stderr io.Writer
+	o              opts
+	b              store.Operator
+}
+
+var commands = []command{
+	{name: "get", args: "KEY", key: true, help: "Shows KEY's record: state, fence, lease expiry, expires-at, fingerprint, version (a digest of\nthe claim token), and whether a Claim would win it now. It changes nothing.", run: (*cli).get},
+	{name: "list", help: "Lists the records under --prefix (every record without it), in --state if set. It changes\nnothing.", flags: func(fs *flag.FlagSet, o *opts) {
+		fs.StringVar(&o.prefix, "prefix", "", "list keys that start with `P`")
+		fs.StringVar(&o.state, "state", "", "list only records in this state: claimed or done")
+		fs.IntVar(&o.limit, "limit", 1000, "list at most `N` records (0: all)")
+	}, run: (*cli).list},
+	{name: "count", help: "Counts the records under --prefix (every record without it): claimed with a live lease,\nclaimed with a lapsed lease, done within the ttl, done past it. It changes nothing.", flags: func(fs *flag.FlagSet, o *opts) {
+		fs.StringVar(&o.prefix, "prefix", "", "count keys that start with `P`")
+	}, run: (*cli).count},
+	{name: "release", args: "KEY", key: true, help: "Releases KEY's claim now, live or lapsed, whoever holds it: the next delivery wins the key at\nonce with a higher fence, and the old holder can no longer complete it. It reads the record,\nreleases exactly that record, and prints it before and after. It refuses a done key (exit 1)\nand a record that changed since the read (exit 1).", run: (*cli).release},
+	{name: "forget", args: "KEY | --prefix P (--dry-run | --yes)", key: true, optionalKey: true, help: "Deletes KEY's done record before its ttl ends, so that the next delivery of KEY runs the work\nagain (a replay after a fix). It reads the record, deletes exactly that record, and prints it\nbefore and after. It never deletes a claim (exit 1: release it), nor a record that changed\nsince the read (exit 1).\n\nWith --prefix (or --all) instead of KEY it plans to forget every done record under the\nprefix completed in the window --done-from..--done-before, prints the plan, and forgets the\nrecords one by one only with --yes (with --dry-run it stops at the plan). A record's\ncompletion time is its expires-at minus --ttl: give the ttl your service uses.", flags: func(fs *flag.FlagSet, o *opts) {
+		fs.StringVar(&o.prefix, "prefix", "", "forget the done keys that start with `P`")
+		fs.BoolVar(&o.all, "all", false, "forget done keys whatever their prefix (instead of --prefix)")
+		fs.StringVar(&o.doneFrom, "done-from", "", "forget keys completed at or after `T` (RFC 3339)")
+		fs.StringVar(&o.doneBefore, "done-before", "", "forget keys completed before `T` (RFC 3339)")
+		fs.BoolVar(&o.yes, "yes", false, "forget the planned records")
+		fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and forget nothing")
+	}, run: (*cli).forget},
+	{name: "purge", help: "Deletes the records whose expires-at has passed (they no longer suppress anything), up to\n--limit. SQL, Datastore, Firestore and Spanner keep them until purged; Redis deletes them\nitself, and purge fails there (exit 1).", flags: func(fs *flag.FlagSet, o *opts) {
+		fs.IntVar(&o.limit, "limit", 0, "delete at most `N` records (0: no limit)")
+	}, run: (*cli).purge},
+}
+
+// run runs idemctl with args and returns its exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string, open opener) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	switch args[0] {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage+storeHelp+"\n")
+		return exitOK
+	}
+	var cmd *command
+	for i := range commands {
+		if commands[i].name == args[0] {
+			cmd = &commands[i]
+		}
+	}
+	if cmd == nil {
+		fmt.Fprintf(stderr, "idemctl: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	c := &cli{stdout: stdout, stderr: stderr}
+	fs := flag.NewFlagSet("idemctl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.o.store, "store", getenv("IDEMCTL_STORE"), "the store's `URL` (default $IDEMCTL_STORE)")
+	fs.BoolVar(&c.o.json, "json", false, "print one JSON document")
+	fs.DurationVar(&c.o.ttl, "ttl", store.DefaultTTL, "the ttl your service's backend applies (its WithTTL)")
+	fs.DurationVar(&c.o.timeout, "timeout", time.Minute, "give up after `D`")
+	if cmd.flags != nil {
+		cmd.flags(fs, &c.o)
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: idemctl %s [flags] %s\n\n%s\n\nFlags:\n", cmd.name, cmd.args, cmd.help)
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\n%s\n\nExit codes: 0 done; 1 failed or refused; 2 usage error; 3 no record for the key.\n", storeHelp)
+	}
+	pos, err := parse(fs, args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return exitOK
+	}
+	if err != nil {
+		return exitUsage // the flag package printed the error and the usage
+	}
+	var key string
+	switch {
+	case len(pos) > 1 || (len(pos) == 1 && !cmd.key):
+		return c.usageError(fs, "unexpected arguments %q", pos)
+	case len(pos) == 1:
+		key = pos[0]
+	case cmd.key && !cmd.optionalKey:
+		return c.usageError(fs, "%s needs a KEY", cmd.name)
+	}
+	if c.o.store == "" {
+		return c.usageError(fs, "no store: pass --store URL or set IDEMCTL_STORE")
+	}
+	if c.o.ttl <= 0 {
+		return c.usageError(fs, "--ttl %v is not positive", c.o.ttl)
+	}
+	if code, ok := c.check(fs, cmd.name, key); !ok {
+		return code
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.o.timeout)
+	defer cancel()
+	c.ctx = ctx
+	b, err := open(ctx, c.o.store, c.o.ttl)
+	if errors.Is(err, errStoreURL) {
+		return c.usageError(fs, "%v", err)
+	}
+	if err != nil {
+		return c.fail(exitFailed, fmt.Errorf("opening the store: %w", err), nil)
+	}
+	defer b.close()
+	c.b = b.op
+	return cmd.run(c, key)
+}
+
+// parse parses args with fs, flags and positional arguments in any order
+// ("--" ends the flags), and returns the positional ones.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if i := len(args) - len(rest); i > 0 && args[i-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// check validates the flags of command name before any I/O.
+func (c *cli) check(fs *flag.FlagSet, name, key string) (int, bool) {
+	switch name {
+	case "list":
+		if _, err := parseState(c.o.state); err != nil {
+			return c.usageError(fs, "%v", err), false
+		}
+		if c.o.limit < 0 {
+			return c.usageError(fs, "--limit %d is negative", c.o.limit), false
+		}
+	case "purge":
+		if c.o.limit < 0 {
+			return c.usageError(fs, "--limit %d is negative", c.o.limit), false
+		}
+	case "forget":
+		bulk := c.o.prefix != "" || c.o.all || c.o.doneFrom != "" || c.o.doneBefore != "" || c.o.yes || c.o.dryRun
+		switch {
+		case key != "" && bulk:
+			return c.usageError(fs, "forget takes a KEY or --prefix/--all with their flags, not both"), false
+		case key != "":
+			return 0, true
+		case c.o.prefix == "" && !c.o.all:
+			return c.usageError(fs, "forget needs a KEY, or --prefix P (or --all) to forget many"), false
+		case c.o.prefix != "" && c.o.all:
+			return c.usageError(fs, "--all and --prefix exclude each other"), false
+		case c.o.yes && c.o.dryRun:
+			return c.usageError(fs, "--yes and --dry-run exclude each other"), false
+		}
+		if _, err := c.filter(); err != nil {
+			return c.usageError(fs, "%v", err), false
+		}
+	}
+	return 0, true
+}
+
+// usageError prints msg and a pointer to --help, and returns exitUsage.
+func (c *cli) usageError(fs *flag.FlagSet, format string, args ...any) int {
+	fmt.Fprintf(c.stderr, "%s: %s\nRun '%s --help' for usage.\n", fs.Name(), fmt.Sprintf(format, args...), fs.Name())
+	return exitUsage
+}
+
+// fail reports err and returns code: on stderr, and with --json as the
+// document {"error": ..., "exit": code, ...extra} on stdout.
+func (c *cli) fail(code int, err error, extra map[string]any) int {
+	fmt.Fprintf(c.stderr, "idemctl: %v\n", err)
+	if c.o.json {
+		doc := map[string]any{"error": err.Error(), "exit": code}
+		for k, v := range extra {
+			doc[k] = v
+		}
+		c.emit(doc)
+	}
+	return code
+}
+
+// failOp maps an admin error to its exit code and reports it.
+func (c *cli) failOp(err error, extra map[string]any) int {
+	if errors.Is(err, admin.ErrNotFound) {
+		return c.fail(exitNotFound, err, extra)
+	}
+	return c.fail(exitFailed, err, extra)
+}
+
+// emit writes v as one indented JSON document on stdout.
+func (c *cli) emit(v any) {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// jsonRecord is a record in the JSON output.
+type jsonRecord struct {
+	Key         string `json:"key"`
+	State       string `json:"state"`
+	Fence       int64  `json:"fence"`
+	// LeaseExpiry is set for a Claimed record only.
+	LeaseExpiry string `json:"lease_expiry,omitempty"`
+	ExpiresAt   string `json:"expires_at,omitempty"`
+	// DoneAt is ExpiresAt - --ttl, for a Done record.
+	DoneAt      string `json:"done_at,omitempty"`
+	Fingerprint string `json:"fingerprint,omitempty"`
+	Version     string `json:"version"`
+	Now         string `json:"now"`
+	Reclaimable bool   `json:"reclaimable"`
+}
+
+// rfc3339 formats t in UTC, or "" for the zero time.
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func (c *cli) jsonRecord(r store.Record) jsonRecord {
+	j := jsonRecord{
+		Key: r.Key, State: r.State.String(), Fence: r.Fence, ExpiresAt: rfc3339(r.ExpiresAt),
+		Fingerprint: r.Fingerprint, Version: r.Version, Now: rfc3339(r.Now),
+		Reclaimable: r.Reclaimable(),
+	}
+	if r.State == store.Done {
+		j.DoneAt = rfc3339(admin.DoneAt(r, c.o.ttl))
+	}
+	if r.State == store.Claimed {
+		j.LeaseExpiry = rfc3339(r.LeaseExpiry)
+	}
+	return j
+}
+
+// jsonRecordPtr is jsonRecord for an optional record (nil: null).
+func (c *cli) jsonRecordPtr(r *store.Record) *jsonRecord {
+	if r == nil {
+		return nil
+	}
+	j := c.jsonRecord(*r)
+	return &j
+}
+
+// status describes r's state in words.
+func status(r store.Record) string {
+	switch {
+	case r.State == store.Claimed && !r.Reclaimable():
+		return "claimed, lease live"
+	case r.State == store.Claimed:
+		return "claimed, lease lapsed"
+	case r.State == store.Done && !r.Reclaimable():
+		return "done, within ttl"
+	case r.State == store.Done:
+		return "done, ttl ended"
+	}
+	return r.State.String()
+}
+
+// line is r on one line, for lists and before/after.
+func (c *cli) line(r store.Record) string {
+	s := fmt.Sprintf("%s  %s  fence %d", r.Key, status(r), r.Fence)
+	switch r.State {
+	case store.Claimed:
+		s += "  lease until " + rfc3339(r.LeaseExpiry)
+	case store.Done:
+		s += "  done at " + rfc3339(admin.DoneAt(r, c.o.ttl))
+	}
+	return s + "  expires " + rfc3339(r.ExpiresAt) + "  version " + r.Version
+}
+
+func (c *cli) get(key string) int {
+	r, err := admin.Get(c.ctx, c.b, key)
+	if err != nil {
+		return c.failOp(err, map[string]any{"key": key})
+	}
+	if c.o.json {
+		c.emit(c.jsonRecord(r))
+		return exitOK
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "key\t%s\n", r.Key)
+	fmt.Fprintf(w, "state\t%s\n", status(r))
+	fmt.Fprintf(w, "fence\t%d\n", r.Fence)
+	if r.State == store.Claimed {
+		fmt.Fprintf(w, "lease expiry\t%s\n", rfc3339(r.LeaseExpiry))
+	} else {
+		fmt.Fprintf(w, "done at\t%s (expires-at - ttl %v)\n", rfc3339(admin.DoneAt(r, c.o.ttl)), c.o.ttl)
+	}
+	fmt.Fprintf(w, "expires at\t%s\n", rfc3339(r.ExpiresAt))
+	if r.Fingerprint != "" {
+		fmt.Fprintf(w, "fingerprint\t%s\n", r.Fingerprint)
+	}
+	fmt.Fprintf(w, "version\t%s\n", r.Version)
+	fmt.Fprintf(w, "read at\t%s\n", rfc3339(r.Now))
+	w.Flush()
+	return exitOK
+}
+
+// parseState parses --state.
+func parseState(s string) (store.State, error) {
+	switch s {
+	case "":
+		return 0, nil
+	case "claimed":
+		return store.Claimed, nil
+	case "done":
+		return store.Done, nil
+	}
+	return 0, fmt.Errorf("--state %q: claimed or done", s)
+}
+
+func (c *cli) list(string) int {
+	st, _ := parseState(c.o.state)
+	recs := []jsonRecord{}
+	more := false
+	n := 0
+	for r, err := range admin.List(c.ctx, c.b, store.ListQuery{Prefix: c.o.prefix, State: st, Limit: store.MaxListLimit}) {
+		if err != nil {
+			return c.fail(exitFailed, err, nil)
+		}
+		if c.o.limit > 0 && n == c.o.limit {
+			more = true
+			break
+		}
+		n++
+		if c.o.json {
+			recs = append(recs, c.jsonRecord(r))
+		} else {
+			fmt.Fprintln(c.stdout, c.line(r))
+		}
+	}
+	if c.o.json {
+		c.emit(map[string]any{"records": recs, "more": more})
+	} else if more {
+		fmt.Fprintf(c.stdout, "(stopped at --limit %d: more records follow)\n", c.o.limit)
+	}
+	return exitOK
+}
+
+func (c *cli) count(string) int {
+	n, err := admin.Count(c.ctx, c.b, c.o.prefix)
+	if err != nil {
+		return c.fail(exitFailed, err, nil)
+	}
+	if c.o.json {
+		c.emit(map[string]any{
+			"prefix": c.o.prefix, "claimed_live": n.ClaimedLive, "claimed_lapsed": n.ClaimedLapsed,
+			"done_live": n.DoneLive, "done_expired": n.DoneExpired, "total": n.Total(),
+		})
+		return exitOK
+	}
+	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "claimed, lease live\t%d\t\n", n.ClaimedLive)
+	fmt.Fprintf(w, "claimed, lease lapsed\t%d\t\n", n.ClaimedLapsed)
+	fmt.Fprintf(w, "done, within ttl\t%d\t\n", n.DoneLive)
+	fmt.Fprintf(w, "done, ttl ended\t%d\t\n", n.DoneExpired)
+	fmt.Fprintf(w, "total\t%d\t\n", n.Total())
+	w.Flush()
+	return exitOK
+}
+
+// change prints what release or forget did to one key.
+func (c *cli) change(action string, ch admin.Change, err error) int {
+	if err != nil {
+		extra := map[string]any{"action": action}
+		if ch.Before.Key != "" {
+			extra["before"] = c.jsonRecord(ch.Before)
+			if !c.o.json {
+				fmt.Fprintf(c.stdout, "before: %s\n", c.line(ch.Before))
+			}
+		}
+		return c.failOp(err, extra)
+	}
+	if c.o.json {
+		c.emit(map[string]any{"action": action, "key": ch.Before.Key, "before": c.jsonRecord(ch.Before), "after": c.jsonRecordPtr(ch.After)})
+		return exitOK
+	}
+	fmt.Fprintf(c.stdout, "before: %s\n", c.line(ch.Before))
+	if ch.After != nil {
+		fmt.Fprintf(c.stdout, "after:  %s\n", c.line(*ch.After))
+	} else {
+		fmt.Fprintf(c.stdout, "after:  no record\n")
+	}
+	past := map[string]string{"release": "released", "forget": "forgot"}[action]
+	fmt.Fprintf(c.stdout, "%s %s\n", past, ch.Before.Key)
+	return exitOK
+}
+
+func (c *cli) release(key string) int {
+	ch, err := admin.Release(c.ctx, c.b, key)
+	return c.change("release", ch, err)
+}
+
+// filter builds forget's filter from the flags.
+func (c *cli) filter() (admin.Filter, error) {
+	f := admin.Filter{Prefix: c.o.prefix, All: c.o.all, TTL: c.o.ttl}
+	var err error
+	if c.o.doneFrom != "" {
+		if f.DoneFrom, err = time.Parse(time.RFC3339Nano, c.o.doneFrom); err != nil {
+			return f, fmt.Errorf("--done-from: %w", err)
+		}
+	}
+	if c.o.doneBefore != "" {
+		if f.DoneBefore, err = time.Parse(time.RFC3339Nano, c.o.doneBefore); err != nil {
+			return f, fmt.Errorf("--done-before: %w", err)
+		}
+	}
+	if !f.DoneFrom.IsZero() && !f.DoneBefore.IsZero() && !f.DoneFrom.Before(f.DoneBefore) {
+		return f, errors.New("--done-from must be before --done-before")
+	}
+	return f, nil
+}
+
+func (c *cli) forget(key string) int {
+	if key != "" {
+		ch, err := admin.Forget(c.ctx, c.b, key)
+		return c.change("forget", ch, err)
+	}
+	f, _ := c.filter()
+	apply := c.o.yes
+	rep, err := admin.ForgetDone(c.ctx, c.b, f, !apply)
+	if err != nil && rep.Plan == nil {
+		return c.fail(exitFailed, err, nil)
+	}
+	keys := func(rs []store.Record) []string {
+		out := []string{}
+		for _, r := range rs {
+			out = append(out, r.Key)
+		}
+		return out
+	}
+	doc := map[string]any{
+		"action": "forget", "prefix": f.Prefix, "all": f.All, "ttl": f.TTL.String(),
+		"done_from": rfc3339(f.DoneFrom), "done_before": rfc3339(f.DoneBefore),
+		"dry_run": !apply, "forgotten": keys(rep.Forgotten), "skipped": keys(rep.Skipped),
+	}
+	plan := []jsonRecord{}
+	for _, r := range rep.Plan {
+		plan = append(plan, c.jsonRecord(r))
+	}
+	doc["plan"] = plan
+	if !c.o.json {
+		where := fmt.Sprintf("under %q", f.Prefix)
+		if f.All {
+			where = "under every prefix"
+		}
+		fmt.Fprintf(c.stdout, "plan: forget %d done records %s, completed %s (completion = expires-at - ttl %v)\n", len(rep.Plan), where, window(f), f.TTL)
+		for _, r := range rep.Plan {
+			fmt.Fprintf(c.stdout, "  %s\n", c.line(r))
+		}
+	}
+	switch {
+	case err != nil:
+		return c.fail(exitFailed, err, doc)
+	case !apply && !c.o.dryRun:
+		return c.fail(exitFailed, fmt.Errorf("nothing forgotten: pass --yes to forget the %d records planned (or --dry-run)", len(rep.Plan)), doc)
+	case !apply:
+		if c.o.json {
+			c.emit(doc)
+		} else {
+			fmt.Fprintln(c.stdout, "dry run: nothing forgotten")
+		}
+		return exitOK
+	}
+	if c.o.json {
+		c.emit(doc)
+	} else {
+		fmt.Fprintf(c.stdout, "forgot %d, skipped %d (changed since the plan read them)\n", len(rep.Forgotten), len(rep.Skipped))
+		for _, r := range rep.Skipped {
+			fmt.Fprintf(c.stdout, "  skipped %s\n", r.Key)
+		}
+	}
+	return exitOK
+}
+
+// window describes f's completion window.
+func window(f admin.Filter) string {
+	switch {
+	case f.DoneFrom.IsZero() && f.DoneBefore.IsZero():
+		return "at any time"
+	case f.DoneFrom.IsZero():
+		return "before " + rfc3339(f.DoneBefore)
+	case f.DoneBefore.IsZero():
+		return "from " + rfc3339(f.DoneFrom)
+	}
+	return "from " + rfc3339(f.DoneFrom) + " to before " + rfc3339(f.DoneBefore)
+}
+
+func (c *cli) purge(string) int {
+	n, err := admin.Purge(c.ctx, c.b, c.o.limit)
+	if err != nil {
+		return c.fail(exitFailed, err, map[string]any{"purged": n})
+	}
+	if c.o.json {
+		c.emit(map[string]any{"purged": n})
+	} else {
+		fmt.Fprintf(c.stdout, "purged %d expired records\n", n)
+	}
+	return exitOK
+}
