@@ -312,9 +312,9 @@ func (c *cli) emit(v any) {
 
 // jsonRecord is a record in the JSON output.
 type jsonRecord struct {
-	Key         string `json:"key"`
-	State       string `json:"state"`
-	Fence       int64  `json:"fence"`
+	Key   string `json:"key"`
+	State string `json:"state"`
+	Fence int64  `json:"fence"`
 	// LeaseExpiry is set for a Claimed record only.
 	LeaseExpiry string `json:"lease_expiry,omitempty"`
 	ExpiresAt   string `json:"expires_at,omitempty"`
