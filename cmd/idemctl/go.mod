@@ -13,6 +13,7 @@ replace (
 )
 
 require (
+	cloud.google.com/go/spanner v1.96.1
 	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.0.0-00010101000000-000000000000
 	github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock v0.0.0-00010101000000-000000000000
@@ -36,7 +37,6 @@ require (
 	cloud.google.com/go/iam v1.14.0 // indirect
 	cloud.google.com/go/longrunning v1.3.0 // indirect
 	cloud.google.com/go/monitoring v1.30.0 // indirect
-	cloud.google.com/go/spanner v1.96.1 // indirect
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/GoogleCloudPlatform/grpc-gcp-go/grpcgcp v1.6.0 // indirect
 	github.com/GoogleCloudPlatform/opentelemetry-operations-go/detectors/gcp v1.34.0 // indirect
