@@ -46,6 +46,9 @@ var (
 	// ErrInvalidFilter reports a [Filter] whose fields contradict each
 	// other or are out of range.
 	ErrInvalidFilter = errors.New("admin: invalid filter")
+	// ErrNoProgress reports a backend whose listing does not advance: an
+	// empty page whose Next is the cursor it was asked for.
+	ErrNoProgress = errors.New("admin: the backend's listing does not advance")
 	// ErrNotSupported reports a backend that lacks the optional interface
 	// an operation needs (Purge on a backend that is not a
 	// [store.Purger]: Redis expires its records itself).
@@ -72,7 +75,9 @@ func Get(ctx context.Context, b store.Inspector, key string) (store.Record, erro
 // q.Cursor resumes a listing where that cursor left it. The iterator
 // changes nothing. On an error (an invalid query wraps
 // [store.ErrInvalidQuery]) it yields a zero Record with the error, once,
-// and stops. A backend that cannot read keys in order (Redis SCAN) may
+// and stops; a backend that answers an empty page with the very cursor it
+// was given would never end the listing, and is such an error, wrapping
+// [ErrNoProgress]. A backend that cannot read keys in order (Redis SCAN) may
 // yield a record twice; see [store.Lister].
 func List(ctx context.Context, b store.Lister, q store.ListQuery) iter.Seq2[store.Record, error] {
 	return func(yield func(store.Record, error) bool) {
@@ -88,6 +93,10 @@ func List(ctx context.Context, b store.Lister, q store.ListQuery) iter.Seq2[stor
 				}
 			}
 			if p.Next == "" {
+				return
+			}
+			if len(p.Records) == 0 && p.Next == q.Cursor {
+				yield(store.Record{}, fmt.Errorf("%w: listing %q: an empty page whose cursor is the one it was given", ErrNoProgress, q.Prefix))
 				return
 			}
 			q.Cursor = p.Next

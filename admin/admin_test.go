@@ -366,3 +366,28 @@ func keys(rs []store.Record) string {
 	}
 	return fmt.Sprint(ks)
 }
+
+// stuck answers every continued listing with an empty page and the cursor
+// it was given.
+type stuck struct{ *fake.Store }
+
+func (s stuck) List(ctx context.Context, q store.ListQuery) (store.Page, error) {
+	if q.Cursor == "" {
+		return store.Page{Next: "c1"}, nil
+	}
+	return store.Page{Next: q.Cursor}, nil
+}
+
+func TestListStopsWithoutProgress(t *testing.T) {
+	s, _ := newStore()
+	n := 0
+	for _, err := range admin.List(context.Background(), stuck{s}, store.ListQuery{}) {
+		n++
+		if !errors.Is(err, admin.ErrNoProgress) || n > 1 {
+			t.Fatalf("yield %d: %v; want one ErrNoProgress", n, err)
+		}
+	}
+	if _, err := admin.Count(context.Background(), stuck{s}, ""); !errors.Is(err, admin.ErrNoProgress) {
+		t.Errorf("Count: %v; want ErrNoProgress", err)
+	}
+}
