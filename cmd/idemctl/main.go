@@ -466,13 +466,15 @@ func (c *cli) count(string) int {
 		})
 		return exitOK
 	}
-	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "claimed, lease live\t%d\t\n", n.ClaimedLive)
-	fmt.Fprintf(w, "claimed, lease lapsed\t%d\t\n", n.ClaimedLapsed)
-	fmt.Fprintf(w, "done, within ttl\t%d\t\n", n.DoneLive)
-	fmt.Fprintf(w, "done, ttl ended\t%d\t\n", n.DoneExpired)
-	fmt.Fprintf(w, "total\t%d\t\n", n.Total())
-	w.Flush()
+	for _, row := range []struct {
+		name string
+		n    int
+	}{
+		{"claimed, lease live", n.ClaimedLive}, {"claimed, lease lapsed", n.ClaimedLapsed},
+		{"done, within ttl", n.DoneLive}, {"done, ttl ended", n.DoneExpired}, {"total", n.Total()},
+	} {
+		fmt.Fprintf(c.stdout, "%-22s %6d\n", row.name, row.n)
+	}
 	return exitOK
 }
 
