@@ -220,11 +220,18 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 	}
 	var ran bool
+	// The lines logged about this delivery name the call's span, as the
+	// handler's own lines do; PushHandler's too (pushSpan).
+	spanCtx := ctx
 	if txOf != nil {
-		ran, err = run(ctx, b, key, found, fp, nil, txOf(e), &c.lock, false)
+		ran, err = run(ctx, b, key, found, fp, nil, txOf(e), &c.lock, false, &spanCtx)
 	} else {
-		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false)
+		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false, &spanCtx)
 	}
+	if p, ok := ctx.Value(pushSpanKey{}).(*context.Context); ok {
+		*p = spanCtx
+	}
+	ctx = spanCtx
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}
