@@ -115,7 +115,11 @@ func disabled() bool {
 // [WithPushAuth] (an option of PushHandler only: behind the functions
 // framework there is no request to verify, and ignoring it would leave
 // unauthenticated an endpoint its author meant to authenticate): these
-// are mistakes in the program, found at start-up.
+// are mistakes in the program, found at start-up. Built in a Cloud Run
+// service or function (K_SERVICE set) on a backend that keeps its records
+// in the process (one whose InProcess method reports true, as
+// [fake.Store]'s does), it logs a warning: each instance would suppress
+// only its own duplicates.
 func Idempotent(b store.Backend, opts ...Option) func(CloudEventFunc) CloudEventFunc {
 	refusePushOptions("Idempotent", opts)
 	return idempotent("Idempotent", b, opts)
@@ -154,6 +158,10 @@ func newGuardConfig(fn string, b store.Backend, opts []Option) *config {
 	if _, ok := b.(store.Fingerprinter); b != nil && !ok && cfg.fingerprint != nil {
 		cfg.lock.log().Warn("idempotency: payload fingerprints are neither stored nor compared: the backend does not implement store.Fingerprinter; a key done by another payload is taken for a duplicate",
 			"backend", fmt.Sprintf("%T", b))
+	}
+	if p, ok := b.(interface{ InProcess() bool }); ok && p.InProcess() && os.Getenv("K_SERVICE") != "" {
+		cfg.lock.log().Warn("idempotency: the backend keeps its records in this process's memory, and this is a Cloud Run service: each instance de-duplicates only its own deliveries, and a restart forgets them all; use a shared backend (docs/backends.md)",
+			"backend", fmt.Sprintf("%T", b), "service", os.Getenv("K_SERVICE"))
 	}
 	return &cfg
 }
@@ -220,11 +228,18 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 		}
 	}
 	var ran bool
+	// The lines logged about this delivery name the call's span, as the
+	// handler's own lines do; PushHandler's too (pushSpan).
+	spanCtx := ctx
 	if txOf != nil {
-		ran, err = run(ctx, b, key, found, fp, nil, txOf(e), &c.lock, false)
+		ran, err = run(ctx, b, key, found, fp, nil, txOf(e), &c.lock, false, &spanCtx)
 	} else {
-		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false)
+		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false, &spanCtx)
 	}
+	if p, ok := ctx.Value(pushSpanKey{}).(*context.Context); ok {
+		*p = spanCtx
+	}
+	ctx = spanCtx
 	if ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}

@@ -162,7 +162,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // ignores ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, "", cfg.fingerprint, fn, nil, &cfg, false)
+	_, err := run(ctx, b, key, "", cfg.fingerprint, fn, nil, &cfg, false, nil)
 	return err
 }
 
@@ -185,7 +185,7 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 // again later, and may then run in any order.
 func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, "", "", fn, nil, &cfg, true)
+	_, err := run(ctx, b, key, "", "", fn, nil, &cfg, true, nil)
 	return err
 }
 
@@ -201,7 +201,11 @@ func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Con
 //
 // With tx set (and fn nil) the body runs inside the backend's transaction
 // that also completes the claim (see LockTx).
-func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(context.Context) error, tx txFunc, cfg *lockConfig, mutex bool) (ran bool, err error) {
+//
+// When spanCtx is not nil, run sets it to ctx with the call's span (or
+// ctx itself, when it records none), for the caller's log lines about
+// the delivery: they then name its trace and span.
+func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(context.Context) error, tx txFunc, cfg *lockConfig, mutex bool, spanCtx *context.Context) (ran bool, err error) {
 	if b == nil {
 		return false, errors.New("idempotency: nil backend")
 	}
@@ -217,6 +221,9 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 	lease, fromDeadline := cfg.leaseFor(ctx)
 	var tr tracker // spans and metrics (telemetry.go)
 	ctx = tr.begin(ctx, cfg, key, found, mutex)
+	if spanCtx != nil {
+		*spanCtx = ctx
+	}
 	defer tr.end(ctx, &err)
 	res, err := b.Claim(tr.claim(ctx), key, lease)
 	tr.claimed(ctx, res, err)

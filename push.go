@@ -291,7 +291,11 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 			http.Error(w, err.Error(), status)
 			return
 		}
-		err = guarded(requestTrace(r.Context(), r), e)
+		// deliver sets spanCtx to the context with the delivery's span,
+		// for the line below.
+		ctx := requestTrace(r.Context(), r)
+		spanCtx := ctx
+		err = guarded(context.WithValue(ctx, pushSpanKey{}, &spanCtx), e)
 		if err == nil {
 			w.WriteHeader(http.StatusNoContent)
 			return
@@ -306,12 +310,16 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 			status = http.StatusInternalServerError // never an ack for a failure
 		}
 		if status != http.StatusServiceUnavailable && !loggedMismatch(err) { // contention and mismatches were logged already
-			log.ErrorContext(r.Context(), "idempotency: push delivery failed; nacking", "status", status,
+			log.ErrorContext(spanCtx, "idempotency: push delivery failed; nacking", "status", status,
 				"event_id", e.ID(), "error", err)
 		}
 		http.Error(w, err.Error(), status)
 	})
 }
+
+// pushSpanKey is the context key under which PushHandler passes deliver
+// a *context.Context to set to the delivery's span context.
+type pushSpanKey struct{}
 
 // verify calls the push verifier, with a panic in it reported as
 // panicked and its value as err: a verifier sees every request, an

@@ -551,6 +551,14 @@ func TestPushHandlerWithPushAuth(t *testing.T) {
 			if len(l.find(t, "WARN", "unauthenticated push")) != 1 {
 				t.Fatalf("logs %v, want one warning", l.records(t))
 			}
+			// The body says only the status; the detail (which account
+			// is expected, what was wrong) goes to the log alone.
+			if got, want := w.Body.String(), http.StatusText(c.want)+"\n"; got != want {
+				t.Fatalf("body %q, want %q", got, want)
+			}
+			if c.want == http.StatusForbidden && !strings.Contains(fmt.Sprint(l.records(t)), "other@p.iam.gserviceaccount.com") {
+				t.Fatalf("the 403's detail is not in the log: %v", l.records(t))
+			}
 		})
 	}
 	s, _ := newStore(t)

@@ -8,9 +8,9 @@ import (
 	"reflect"
 
 	"github.com/cloudevents/sdk-go/v2/event"
-	"github.com/cloudevents/sdk-go/v2/protocol"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/wire"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -164,29 +164,11 @@ func (e *statusError) As(target any) bool {
 }
 
 // wireStatus is the status that goes on the wire for what Idempotent's
-// function returned: the one mapping from an outcome to a status. It is
-// what the functions framework (cloudevents sdk-go v2.16) writes for a
-// function's return value (200 for nil), and what PushHandler writes
-// (with 204 for the ack); 0 for a nil *cehttp.Result, on which the
-// framework would panic.
-func wireStatus(err error) int {
-	var res *cehttp.Result
-	switch {
-	case err == nil:
-		return http.StatusOK
-	case errors.As(err, &res):
-		switch {
-		case res == nil:
-			return 0
-		case res.StatusCode > 100 && res.StatusCode < 600:
-			return res.StatusCode
-		}
-		return http.StatusOK
-	case protocol.IsACK(err):
-		return http.StatusOK
-	}
-	return http.StatusInternalServerError
-}
+// function returned: the one mapping from an outcome to a status (see
+// wire.Status), what the functions framework writes for a function's
+// return value (200 for nil), and what PushHandler writes (with 204 for
+// the ack).
+func wireStatus(err error) int { return wire.Status(err) }
 
 // duplicate calls the on-duplicate hook; nothing it does changes the ack.
 func (c *config) duplicate(ctx context.Context, key string) {

@@ -66,7 +66,7 @@ func LockTx[Tx any](ctx context.Context, b store.TxBackend[Tx], key string, fn f
 	if b != nil {
 		sb = b
 	}
-	_, err := run(ctx, sb, key, "", cfg.fingerprint, nil, txOf(b, fn), &cfg, false)
+	_, err := run(ctx, sb, key, "", cfg.fingerprint, nil, txOf(b, fn), &cfg, false, nil)
 	return err
 }
 

@@ -2,8 +2,11 @@ package pubsubtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
+	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 
@@ -85,4 +88,57 @@ func ExampleMessage_UnwrappedRequest() {
 	// 1234567890123456
 	// projects/p/subscriptions/orders-unwrapped
 	// PO-4
+}
+
+// What Pub/Sub does with a delivery, told from what the guarded function
+// returned: 200 acks; a 503 (the key is being processed elsewhere) and a
+// 500 (the handler failed) are redelivered.
+func ExampleStatus() {
+	backend := fake.New()
+	failing := true
+	fn := idempotency.Idempotent(backend, idempotency.WithLogger(slog.New(slog.DiscardHandler)))(
+		func(ctx context.Context, e cloudevents.Event) error {
+			if failing {
+				return errors.New("supplier unreachable")
+			}
+			return nil
+		})
+	m := pubsubtest.Message{ID: "m-1"}
+	fmt.Println(pubsubtest.Status(fn(context.Background(), m.Event()))) // the handler failed
+	failing = false
+	fmt.Println(pubsubtest.Status(fn(context.Background(), m.Event()))) // the redelivery succeeds
+	fmt.Println(pubsubtest.Status(fn(context.Background(), m.Event()))) // a duplicate: acked
+
+	backend.Claim(context.Background(), "m-2", time.Hour) // another instance holds m-2
+	m2 := pubsubtest.Message{ID: "m-2"}
+	fmt.Println(pubsubtest.Status(fn(context.Background(), m2.Event())))
+	// Output:
+	// 500
+	// 200
+	// 200
+	// 503
+}
+
+// A guarded function served over HTTP, as the functions framework serves
+// it, and stopped at the end of the test.
+func ExampleNewServer() {
+	runs := 0
+	fn := idempotency.Idempotent(fake.New())(func(context.Context, cloudevents.Event) error { runs++; return nil })
+	srv := pubsubtest.NewServer(fn)
+	defer srv.Close()
+
+	m := pubsubtest.Message{ID: "m-1"}
+	for range 2 { // a delivery and its redelivery: both acked, the handler ran once
+		resp, err := pubsubtest.Send(srv.URL, m.BinaryRequest())
+		if err != nil {
+			panic(err)
+		}
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode)
+	}
+	fmt.Println("runs:", runs)
+	// Output:
+	// 200
+	// 200
+	// runs: 1
 }

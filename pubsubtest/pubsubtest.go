@@ -20,6 +20,9 @@
 // The requests are server-side requests, ready for an [net/http.Handler]'s
 // ServeHTTP (such as idempotency.PushHandler's); [Send] posts one to a
 // running server instead, such as the functions framework in a test.
+// [NewServer] serves a function as the framework does, on a server a test
+// can close, and [Status] tells, from what a function returned, the
+// status the framework answers (and so whether Pub/Sub acks).
 //
 // Every shape built from one Message is the same message: a Message whose
 // ID is empty gets a fresh random messageId (16 decimal digits, as Pub/Sub's)

@@ -23,6 +23,9 @@
 // check it again there); use this package where the endpoint must accept
 // unauthenticated traffic or runs elsewhere.
 //
+// To test a handler behind a Verifier, the pushauthtest package mints
+// push tokens and publishes their key to a Verifier made with its client.
+//
 // This is a module of its own because google.golang.org/api is large: the
 // root module does not depend on it.
 package pushauth

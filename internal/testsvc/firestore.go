@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -17,14 +15,7 @@ var sharedFirestore shared
 // SDK root that gcloud reports, else under /usr/lib/google-cloud-sdk.
 func FirestoreEmulator() string {
 	const rel = "platform/cloud-firestore-emulator/cloud_firestore_emulator"
-	if out, err := exec.Command("gcloud", "info", "--format=value(installation.sdk_root)").Output(); err == nil {
-		if root := strings.TrimSpace(string(out)); root != "" {
-			if p := filepath.Join(root, rel); firestoreFileExists(p) {
-				return p
-			}
-		}
-	}
-	return filepath.Join("/usr/lib/google-cloud-sdk", rel)
+	return inSDK(rel, firestoreFileExists)
 }
 
 // Firestore returns the host:port of a Firestore (Native mode) emulator

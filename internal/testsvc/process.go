@@ -116,7 +116,7 @@ func (p *Process) start(ready func(addr string) error) error {
 	exited := make(chan struct{})
 	p.cmd, p.log, p.done = cmd, f, exited
 	go func() { cmd.Wait(); close(exited) }()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(startTimeout)
 	for {
 		err := ready(p.Addr)
 		if err == nil {
@@ -129,10 +129,15 @@ func (p *Process) start(ready func(addr string) error) error {
 		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			return fmt.Errorf("%s not ready on %s after 30s: %v (log: %s)", p.Name, p.Addr, err, f.Name())
+			return fmt.Errorf("%s not ready on %s after %v: %v (log: %s)", p.Name, p.Addr, startTimeout, err, f.Name())
 		}
 	}
 }
+
+// startTimeout is how long a server may take to accept connections: a
+// JVM emulator on a loaded 2-core machine has been seen to need more than
+// 30 seconds. A server that exits meanwhile fails at once.
+const startTimeout = 2 * time.Minute
 
 // Kill ends the process at once, as a crash would.
 func (p *Process) Kill() {

@@ -9,8 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,14 +35,7 @@ var (
 // the SDK root that gcloud reports, else under /usr/lib/google-cloud-sdk.
 func SpannerEmulator() string {
 	const rel = "bin/cloud_spanner_emulator/gateway_main"
-	if out, err := exec.Command("gcloud", "info", "--format=value(installation.sdk_root)").Output(); err == nil {
-		if root := strings.TrimSpace(string(out)); root != "" {
-			if p := filepath.Join(root, rel); spannerFileExists(p) {
-				return p
-			}
-		}
-	}
-	return filepath.Join("/usr/lib/google-cloud-sdk", rel)
+	return inSDK(rel, spannerFileExists)
 }
 
 func spannerFileExists(p string) bool { _, err := os.Stat(p); return err == nil }

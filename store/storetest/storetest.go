@@ -42,6 +42,19 @@
 // history check) call it only when the backend has it.
 //
 // [CheckHistory] runs the history case on its own, with options.
+//
+// [RunOps] checks the operations interfaces ([store.Operator]: Inspect,
+// List, ForceRelease, Forget) with the same kind of factory, one case per
+// MUST rule of store/ops.go; a backend that does not implement
+// store.Operator fails every one of them. It skips only the case about
+// lost replies, without Faults:
+//
+//	func TestOps(t *testing.T) {
+//		storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+//			// as for Run; ListMayRepeat: true for a List that may report
+//			// a record twice (Redis SCAN)
+//		})
+//	}
 package storetest
 
 import (
@@ -119,6 +132,14 @@ type Harness struct {
 	// lock until t's cleanup). Cases that need it are skipped without it;
 	// every backend that judges time by a server's clock should provide it.
 	ServerClock func(t *testing.T) JumpHarness
+
+	// ListMayRepeat tells [RunOps] that the backend's List may report a
+	// record more than once in one listing, as store.Lister allows a
+	// backend whose store cannot read keys in order (Redis SCAN); the
+	// suite then checks that every record appears at least once. False,
+	// right for every backend that lists in key order, makes a repeated
+	// record a failure.
+	ListMayRepeat bool
 }
 
 // Faults breaks the path between a backend and its server. Both methods
