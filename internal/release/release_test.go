@@ -358,7 +358,7 @@ func sendToSupplier(context.Context, []byte) error { return nil }
 	// The deploy directory, at the release.
 	fn := filepath.Join(t.TempDir(), "function")
 	cmd := exec.Command(filepath.Join(dir, "scripts", "function-source.sh"), fn)
-	cmd.Dir, cmd.Env = dir, append(c.env, "IDEMPOTENCY_VERSION="+testVersion, "GOFLAGS=-modcacherw -trimpath")
+	cmd.Dir, cmd.Env = dir, append(slices.Clone(c.env), "IDEMPOTENCY_VERSION="+testVersion, "GOFLAGS=-modcacherw -trimpath")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("function-source.sh at %s: %v\n%s", testVersion, err, b)
 	}
@@ -550,7 +550,6 @@ func readmeQuickstart(t *testing.T, readme string) string {
 	t.Fatal("README.md's Quickstart has no ```go block")
 	return ""
 }
-
 
 // scripts/apidiff.sh against two refs that differ: a base that has an
 // exported function the working tree no longer has is incompatible (exit
