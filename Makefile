@@ -5,7 +5,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 MOD := github.com/gcp-pubsub-idempotency/idempotency
 ALL := $(MOD)/...
 
-.PHONY: test check services demo e2e function-source bench bench-all storm consumer-graph
+.PHONY: test check services demo e2e function-source bench bench-all storm consumer-graph apidiff
 
 # Everything CI runs: formatting, vet, staticcheck, and every test under the
 # race detector, with every backend against its real server: a missing
@@ -15,6 +15,7 @@ ALL := $(MOD)/...
 test: check services
 	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 -timeout 60m $(ALL)
 	./scripts/consumer-graph.sh
+	APIDIFF_WARN=1 ./scripts/apidiff.sh
 	FUZZTIME=20000x ./scripts/fuzz.sh
 
 # Install the servers the backend tests start (redis-server, ...).
@@ -72,6 +73,15 @@ bench:
 # Every benchmark of every module, three times, as go test prints them.
 bench-all:
 	go test -run '^$$' -bench . -benchtime 2s -count 3 $(ALL)
+
+# The exported API of every module against BASE (default: the latest
+# release tag; with none, it says so and passes): fails on a change that
+# would break a user's code. make test runs it as a warning only, since a
+# v0 minor release may break; go run ./internal/release enforces it
+# against the version being released (docs/develop.md, Releasing).
+BASE ?=
+apidiff:
+	./scripts/apidiff.sh $(BASE)
 
 # What a user's module graph holds when it imports the root package and one
 # backend: fails if a backend brings another backend's driver.

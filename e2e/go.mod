@@ -3,7 +3,7 @@ module github.com/gcp-pubsub-idempotency/idempotency/e2e
 go 1.26.0
 
 require (
-	github.com/gcp-pubsub-idempotency/idempotency/function_example v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency/function_example v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -16,9 +16,9 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cloudevents/sdk-go/v2 v2.16.2 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
-	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.0.0-00010101000000-000000000000 // indirect
-	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.0.0-00010101000000-000000000000 // indirect
-	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.0.0-00010101000000-000000000000 // indirect
+	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.1.0 // indirect
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0 // indirect
+	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/s2a-go v0.1.11 // indirect
@@ -57,9 +57,9 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-require github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+require github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 
-// This repository's modules are not published yet: build against this checkout.
+// Development builds use this checkout (consumers ignore replace directives).
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ..
 	github.com/gcp-pubsub-idempotency/idempotency/function_example => ../function_example

@@ -5,7 +5,7 @@ go 1.26.0
 require (
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
-	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
@@ -57,12 +57,12 @@ require (
 )
 
 require (
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 )
 
-// This repository's modules are not published yet: build against this checkout.
+// Development builds use this checkout (consumers ignore replace directives).
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ..
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock => ../store/datastorelock

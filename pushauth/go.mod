@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/cloudevents/sdk-go/v2 v2.16.2
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	google.golang.org/api v0.304.0
 )
 

@@ -9,6 +9,11 @@
 # every other dependency. Cloud Build then needs nothing outside DIR.
 #
 #   scripts/function-source.sh [DIR]     (default: build/function)
+#
+# With IDEMPOTENCY_VERSION=vX.Y.Z set, the go.mod requires that released
+# version of each module instead, with no replace directive: what a user
+# deploying a published release writes (the modules then come from the
+# module proxy; internal/release's test serves them from a proxy on disk).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$repo/build/function}
@@ -29,17 +34,20 @@ cp "$repo/function_example/cmd/cloudrun/main.go" "$out/cmd/cloudrun/"
 M=github.com/gcp-pubsub-idempotency/idempotency
 # The function needs the root module, every backend module it may pick at
 # run time (IDEMPOTENCY_BACKEND) and the example's module (its orders
-# package); none is published yet, so each is replaced by this checkout's
-# copy and then vendored.
+# package); each is replaced by this checkout's copy (or, with
+# IDEMPOTENCY_VERSION, required at that release) and then vendored.
 {
 	printf 'module example.com/orders-function\n\ngo 1.26\n\nrequire (\n'
-	printf '\t%s v0.0.0-00010101000000-000000000000\n' "$M" "$M/store/datastorelock" "$M/store/redislock" "$M/store/sqllock" "$M/function_example"
-	printf ')\n\n// Only vendor/ is read when building: go build uses it whenever it exists.\nreplace (\n'
-	printf '\t%s => %s\n' "$M" "$repo"
-	for m in store/datastorelock store/redislock store/sqllock function_example; do
-		printf '\t%s => %s\n' "$M/$m" "$repo/$m"
-	done
+	printf '\t%s '"${IDEMPOTENCY_VERSION:-v0.0.0-00010101000000-000000000000}"'\n' "$M" "$M/store/datastorelock" "$M/store/redislock" "$M/store/sqllock" "$M/function_example"
 	printf ')\n'
+	if [ -z "${IDEMPOTENCY_VERSION:-}" ]; then
+		printf '\n// Only vendor/ is read when building: go build uses it whenever it exists.\nreplace (\n'
+		printf '\t%s => %s\n' "$M" "$repo"
+		for m in store/datastorelock store/redislock store/sqllock function_example; do
+			printf '\t%s => %s\n' "$M/$m" "$repo/$m"
+		done
+		printf ')\n'
+	fi
 } >"$out/go.mod"
 cd "$out"
 # The directory is a module of its own, outside this repository's go.work.

@@ -2,13 +2,13 @@ module github.com/gcp-pubsub-idempotency/idempotency/internal/telemetrytest
 
 go 1.26.0
 
-// The root module of this checkout, not published yet.
+// Development builds use this checkout (consumers ignore replace directives).
 replace github.com/gcp-pubsub-idempotency/idempotency => ../..
 
 require (
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	github.com/google/go-cmp v0.7.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

@@ -6,7 +6,7 @@ require (
 	cloud.google.com/go/firestore v1.29.2
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	google.golang.org/api v0.304.0
 	google.golang.org/grpc v1.84.0
 	google.golang.org/protobuf v1.36.12
@@ -51,5 +51,5 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261012220534-4341edf3f941 // indirect
 )
 
-// The root module is not published yet: build against this checkout.
+// Development builds use this checkout (consumers ignore replace directives).
 replace github.com/gcp-pubsub-idempotency/idempotency => ../..

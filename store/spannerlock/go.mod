@@ -2,14 +2,14 @@ module github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock
 
 go 1.26.0
 
-// The root module is not published yet: build against this checkout.
+// Development builds use this checkout (consumers ignore replace directives).
 replace github.com/gcp-pubsub-idempotency/idempotency => ../..
 
 require (
 	cloud.google.com/go/spanner v1.96.1
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/cloudevents/sdk-go/v2 v2.16.2
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	google.golang.org/api v0.288.0
 	google.golang.org/grpc v1.83.2
 )

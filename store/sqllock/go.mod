@@ -2,7 +2,7 @@ module github.com/gcp-pubsub-idempotency/idempotency/store/sqllock
 
 go 1.26.0
 
-require github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
+require github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -21,5 +21,5 @@ require (
 	go.uber.org/zap v1.27.0 // indirect
 )
 
-// The root module is not published yet: build against this checkout.
+// Development builds use this checkout (consumers ignore replace directives).
 replace github.com/gcp-pubsub-idempotency/idempotency => ../..

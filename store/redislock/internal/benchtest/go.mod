@@ -2,7 +2,7 @@ module github.com/gcp-pubsub-idempotency/idempotency/store/redislock/internal/be
 
 go 1.26.0
 
-// The modules of this checkout, not published yet.
+// Development builds use this checkout (consumers ignore replace directives).
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ../../../..
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock => ../..
@@ -10,8 +10,8 @@ replace (
 
 require (
 	github.com/bsm/redislock v0.9.4
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 

@@ -2,15 +2,15 @@ module github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/engi
 
 go 1.26.0
 
-// The modules of this checkout, not published yet.
+// Development builds use this checkout (consumers ignore replace directives).
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ../../../..
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock => ../..
 )
 
 require (
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	modernc.org/sqlite v1.62.0
