@@ -2,7 +2,7 @@ module github.com/gcp-pubsub-idempotency/idempotency/cmd/idemctl
 
 go 1.26.0
 
-// This repository's modules are not published yet: build against this checkout.
+// Development builds use this checkout (consumers ignore replace directives).
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ../..
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock => ../../store/datastorelock
@@ -14,12 +14,12 @@ replace (
 
 require (
 	cloud.google.com/go/spanner v1.96.1
-	github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
