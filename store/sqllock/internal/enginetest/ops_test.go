@@ -455,3 +455,74 @@ func TestOpsNowIsTheServersClock(t *testing.T) {
 		}
 	})
 }
+
+// The conditional write of ForceRelease and Forget lands but its reply is
+// lost: the retry reads the record moved on and answers false, never a
+// second release, and never true for a write it cannot see.
+func TestOpsWriteWhoseReplyWasLostIsNotRepeated(t *testing.T) {
+	c := &counter{}
+	_, b := sqliteEngine.fresh(t, c, sqllock.WithTTL(time.Hour))
+	ctx := t.Context()
+	cl := winHour(t, b, "k")
+	r := mustInspect(t, b, "k")
+	c.loseExecReply.Store(true)
+	if ok, err := b.ForceRelease(ctx, r); ok || err != nil {
+		t.Fatalf("force-release whose reply was lost: %v %v; want false, nil (it may not know)", ok, err)
+	}
+	if c.loseExecReply.Load() {
+		t.Fatal("no exec's reply was lost")
+	}
+	if got := mustInspect(t, b, "k"); got.Fence != 2 || !got.Reclaimable() {
+		t.Fatalf("after the lost reply: %+v, want released once (fence 2)", got)
+	}
+	if ok, err := b.Complete(ctx, cl); ok || err != nil {
+		t.Fatalf("the old holder completes after the release: %v %v", ok, err)
+	}
+	d := winHour(t, b, "d")
+	if ok, err := b.Complete(ctx, d); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	dr := mustInspect(t, b, "d")
+	c.loseExecReply.Store(true)
+	if ok, err := b.Forget(ctx, dr); ok || err != nil {
+		t.Fatalf("forget whose reply was lost: %v %v; want false, nil", ok, err)
+	}
+	if c.loseExecReply.Load() {
+		t.Fatal("no exec's reply was lost")
+	}
+	if got, ok, err := b.Inspect(ctx, "d"); ok || err != nil {
+		t.Fatalf("after the lost reply: %+v %v %v, want no record", got, ok, err)
+	}
+}
+
+// go-sql-driver/mysql reports changed rows, or with clientFoundRows
+// matched rows: ForceRelease and Forget change every row they match (the
+// fence rises; the row goes), so they answer the same either way.
+func TestOpsMariaDBAnswerAlikeWithClientFoundRows(t *testing.T) {
+	for _, found := range []bool{false, true} {
+		t.Run(fmt.Sprint("clientFoundRows=", found), func(t *testing.T) {
+			db := mariadb.open(t, mariadb.dsn(t)+fmt.Sprint("?clientFoundRows=", found), nil)
+			b := mariadb.backend(t, db, sqllock.WithTTL(time.Hour))
+			ctx := t.Context()
+			winHour(t, b, "k")
+			r := mustInspect(t, b, "k")
+			if ok, err := b.ForceRelease(ctx, r); !ok || err != nil {
+				t.Fatalf("force-release: %v %v", ok, err)
+			}
+			if ok, err := b.ForceRelease(ctx, r); ok || err != nil {
+				t.Fatalf("force-release again: %v %v", ok, err)
+			}
+			c := winHour(t, b, "k")
+			if ok, err := b.Complete(ctx, c); !ok || err != nil {
+				t.Fatal(ok, err)
+			}
+			done := mustInspect(t, b, "k")
+			if ok, err := b.Forget(ctx, done); !ok || err != nil {
+				t.Fatalf("forget: %v %v", ok, err)
+			}
+			if ok, err := b.Forget(ctx, done); ok || err != nil {
+				t.Fatalf("forget again: %v %v", ok, err)
+			}
+		})
+	}
+}
