@@ -243,14 +243,16 @@ func TestOpsForceReleaseRacingCompleteOneWins(t *testing.T) {
 
 // Keys that a LIKE pattern or a collation would get wrong: pattern
 // characters, a backslash, multibyte UTF-8, invalid UTF-8 and 0xFF bytes
-// (the prefix's upper bound drops trailing 0xFF bytes), and case.
+// (the prefix's upper bound drops trailing 0xFF bytes), case, and
+// trailing spaces and control bytes (which a PAD SPACE comparison would
+// order as if "a" were "a ").
 var listKeys = []string{
-	"\x01", "\x7f", "\x80", "A", "a", "a%", "a%b", "a_", "a_b", "a\\", "a\\b", "a\\%", "aa", "aB", "ab",
+	"a ", "a  ", "a\x01", "a\x1f", "a \x01", "\x01", "\x7f", "\x80", "A", "a", "a%", "a%b", "a_", "a_b", "a\\", "a\\b", "a\\%", "aa", "aB", "ab",
 	"a\xff", "a\xff\xff", "a\xff\x01", "a\xffb", "b", "é", "éa", "e\u0301", "鍵", "鍵🔑",
 	"\xff", "\xff\xff", "\xff\x01", "\xff\xff\xff", strings.Repeat("z", store.MaxKeyLen),
 }
 
-var listPrefixes = []string{"", "a", "a%", "a_", "a\\", "A", "é", "\xc3", "鍵", "\xff", "\xff\xff", "a\xff", "zz", "\x01", "z"}
+var listPrefixes = []string{"", "a", "a ", "a%", "a_", "a\\", "A", "é", "\xc3", "鍵", "\xff", "\xff\xff", "a\xff", "zz", "\x01", "z"}
 
 func TestOpsListPagesEveryKeyOnceInByteOrderByPrefixAndState(t *testing.T) {
 	eachEngine(t, engines, func(t *testing.T, e engine) {
