@@ -21,6 +21,11 @@
 // statement), MySQL 8 two (a check that the transaction is still open,
 // and that ROLLBACK). See CompleteTx.
 //
+// The operations (store.Operator) take, on every engine: Inspect one round
+// trip, List one per page (reading at most the page's limit of rows: see
+// List), ForceRelease and Forget two (a read, then one conditional write
+// on the token read).
+//
 // The table (see Schema for the exact DDL of each dialect):
 //
 //	idem_key         the key, as bytes (BYTEA / VARBINARY(1024) / BLOB), primary key

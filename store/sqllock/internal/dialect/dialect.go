@@ -21,6 +21,8 @@ type SQL struct {
 	Name string
 	// quote is the character that quotes an identifier.
 	quote string
+	// upper is List's condition on the upper bound of the key range.
+	upper string
 	// Now is the engine's expression of the database's now in Unix
 	// milliseconds, truncated to the millisecond.
 	Now string
@@ -72,6 +74,17 @@ type SQL struct {
 	Lease string
 	// Purge deletes a batch of expired records.
 	Purge string
+	// List reads one window of the key range in key order (the primary
+	// key's index): the records with idem_key >= a lower bound and, when
+	// {UPPER} is filled in (see [SQL.Render]), below an upper bound, at
+	// most a limit of them. It returns one row per record of the window
+	// in the selected state (0 selects both), each with the window's last
+	// key, its size and the database's now; or, when none is selected,
+	// one row of those three with the record's columns NULL.
+	List string
+	// Forget deletes the record if it is Done by the claim (key, fence,
+	// token) still.
+	Forget string
 	// Returning says that Complete and Extend report through RETURNING
 	// (and take their arguments in the order key, fence, ...).
 	Returning bool
@@ -108,6 +121,28 @@ WHERE idem_key = ?1 AND fence = ?2 AND token = ?4`
 	myComplete = `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ?, fingerprint = ?
 WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`
 )
+
+// listSQL is SQL.List with its parameters: the lower bound, the limit,
+// and the state (twice, for MySQL's positional parameters).
+//
+// The window is a CTE read in key order on the primary key (idem_key is
+// a binary column on every engine: BYTEA, VARBINARY, BLOB, so the order
+// and the bounds compare bytes, never a collation). The state filter
+// applies to the window, not to the range: a call reads at most limit
+// records whatever the filter selects, and the window's last key, which
+// every row carries (and the one row, its record columns NULL, when the
+// filter selects none of the window), continues the listing. The now is
+// read once, in the derived table c, as Read reads it.
+func listSQL(lower, limit, state1, state2 string) string {
+	return `WITH w AS (
+	SELECT idem_key, state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint FROM {T}
+	WHERE idem_key >= ` + lower + `{UPPER} ORDER BY idem_key LIMIT ` + limit + `
+)
+SELECT (SELECT idem_key FROM w ORDER BY idem_key DESC LIMIT 1), (SELECT COUNT(*) FROM w),
+	f.idem_key, f.state, f.fence, f.lease_expiry_ms, f.expires_at_ms, f.token, f.fingerprint, c.ms
+FROM (SELECT {NOW} AS ms) c LEFT JOIN w f ON (` + state1 + ` = 0 OR f.state = ` + state2 + `)
+ORDER BY f.idem_key`
+}
 
 // Postgres returns the SQL of PostgreSQL 9.5 or later (and AlloyDB, Cloud
 // SQL for PostgreSQL), for example through github.com/jackc/pgx/v5/stdlib.
@@ -172,6 +207,9 @@ WHERE idem_key = $1 AND fence = $2 AND token = $5 AND state = 1 RETURNING lease_
 	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW}
 	ORDER BY expires_at_ms LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires_at_ms <= {NOW}`,
+		List:      listSQL("$1", "$2", "$3", "$3"),
+		upper:     ` AND idem_key < $4`,
+		Forget:    `DELETE FROM {T} WHERE idem_key = $1 AND fence = $2 AND token = $3 AND state = 2`,
 		Returning: true,
 	}
 }
@@ -230,6 +268,9 @@ WHERE idem_key = ?1 AND fence = ?2 AND token = ?4 AND state = 1`,
 WHERE idem_key = ?1 AND fence = ?2 AND token = ?5 AND state = 1 RETURNING lease_expiry_ms`,
 		Purge: `DELETE FROM {T} WHERE idem_key IN (
 	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?1)`,
+		List:      listSQL("?1", "?2", "?3", "?3"),
+		upper:     ` AND idem_key < ?4`,
+		Forget:    `DELETE FROM {T} WHERE idem_key = ?1 AND fence = ?2 AND token = ?3 AND state = 2`,
 		Returning: true,
 	}
 }
@@ -283,6 +324,11 @@ WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 		Lease: `SELECT lease_expiry_ms FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
 		Purge: `DELETE FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?`,
+		// Its arguments: the lower bound, the upper bound (ListBelow), the
+		// limit, and the state twice.
+		List:   listSQL("?", "?", "?", "?"),
+		upper:  ` AND idem_key < ?`,
+		Forget: `DELETE FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
 	}
 }
 
@@ -299,7 +345,9 @@ type Statements struct {
 	CompleteTx, LockWrites               string
 	IsDone, Release, Extend              string
 	Lease, Purge                         string
-	Returning                            bool
+	// List is SQL.List with no upper bound, ListBelow with one.
+	List, ListBelow, Forget string
+	Returning               bool
 	// HasFingerprint and AddFingerprint, as in [SQL].
 	HasFingerprint, AddFingerprint string
 }
@@ -348,6 +396,9 @@ func (d *SQL) Render(table string) Statements {
 		CompleteTx:      r.Replace(d.CompleteTx), LockWrites: r.Replace(d.LockWrites),
 		IsDone: r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
 		Lease: r.Replace(d.Lease), Purge: r.Replace(d.Purge), Returning: d.Returning,
+		List:           strings.ReplaceAll(r.Replace(d.List), "{UPPER}", ""),
+		ListBelow:      strings.ReplaceAll(r.Replace(d.List), "{UPPER}", d.upper),
+		Forget:         r.Replace(d.Forget),
 		HasFingerprint: d.HasFingerprint, AddFingerprint: r.Replace(d.AddFingerprint),
 	}
 	for _, q := range d.Schema {

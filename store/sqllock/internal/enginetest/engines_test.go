@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -96,7 +98,36 @@ type counter struct {
 	// sent: the driver's Commit, or a COMMIT statement (CompleteTx sends
 	// one on MySQL, to bound the commit by its ctx).
 	beforeCommit atomic.Pointer[func()]
+	// loseReply, when set, makes the next prepared statement run and
+	// then fail as if its reply were lost (sqliteFaults).
+	loseReply atomic.Bool
+	// loseExecReply is loseReply for the next exec only (a write without
+	// RETURNING), letting queries through.
+	loseExecReply atomic.Bool
+	// cuts counts sqliteFaults.CutConnections: a connection opened before
+	// the last cut fails its next statement, unsent, and is discarded.
+	cuts atomic.Int64
 }
+
+// errLostReply is the error of a statement whose reply sqliteFaults lost:
+// a network error, as a driver reports a connection lost mid-call.
+var errLostReply error = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("sqliteFaults: reply lost after the statement ran")}
+
+// sqliteFaults is storetest.Faults for an SQLite database opened with its
+// counter: SQLite runs in this process, with no connection to a server to
+// break, so its driver is made to behave as a lost connection would.
+// LoseNextReply lets the next prepared statement run to completion (an
+// exec applied, a query's rows all read) and then fails it with a
+// network error, so the backend cannot know whether it landed.
+// CutConnections fails every open connection's next statement, before it
+// runs, and has the pool discard the connection.
+type sqliteFaults struct{ c *counter }
+
+// LoseNextReply implements storetest.Faults.
+func (f sqliteFaults) LoseNextReply() { f.c.loseReply.Store(true) }
+
+// CutConnections implements storetest.Faults.
+func (f sqliteFaults) CutConnections() { f.c.cuts.Add(1) }
 
 // open opens a database of the engine, counting statements into c (which
 // may be nil), and closes it when t ends.
@@ -161,7 +192,7 @@ func (cc *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{Conn: conn, c: cc.c}, nil
+	return &countingConn{Conn: conn, c: cc.c, epoch: cc.c.cuts.Load()}, nil
 }
 
 func (cc *countingConnector) Driver() driver.Driver { return cc.drv }
@@ -171,7 +202,13 @@ func (cc *countingConnector) Driver() driver.Driver { return cc.drv }
 type countingConn struct {
 	driver.Conn
 	c *counter
+	// epoch is c.cuts when the connection was opened.
+	epoch int64
 }
+
+// cut reports whether the connection was cut (sqliteFaults) since it was
+// opened.
+func (c *countingConn) cut() bool { return c.c.cuts.Load() != c.epoch }
 
 func (c *countingConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
 	c.c.n.Add(1)
@@ -221,30 +258,50 @@ func (c *countingConn) PrepareContext(ctx context.Context, q string) (driver.Stm
 	if err != nil {
 		return nil, err
 	}
-	return &countingStmt{Stmt: st, c: c.c, q: q}, nil
+	return &countingStmt{Stmt: st, c: c.c, q: q, conn: c}, nil
 }
 
 type countingStmt struct {
 	driver.Stmt
-	c *counter
-	q string
+	c    *counter
+	q    string
+	conn *countingConn
 }
 
 func (s *countingStmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
 	s.c.n.Add(1)
+	if s.conn.cut() {
+		return nil, errLostReply
+	}
 	res, err := s.Stmt.(driver.StmtExecContext).ExecContext(ctx, args)
 	if hook := s.c.afterExec.Load(); hook != nil {
 		(*hook)(s.q)
+	}
+	if err == nil && (s.c.loseReply.CompareAndSwap(true, false) || s.c.loseExecReply.CompareAndSwap(true, false)) {
+		return nil, errLostReply
 	}
 	return res, err
 }
 
 func (s *countingStmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
 	s.c.n.Add(1)
+	if s.conn.cut() {
+		return nil, errLostReply
+	}
 	if hook := s.c.beforeQuery.Load(); hook != nil {
 		(*hook)(s.q)
 	}
-	return s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	rows, err := s.Stmt.(driver.StmtQueryContext).QueryContext(ctx, args)
+	if err == nil && s.c.loseReply.CompareAndSwap(true, false) {
+		// Run the statement to its end (a write with RETURNING applies
+		// as its rows are read), then lose what it returned.
+		dest := make([]driver.Value, len(rows.Columns()))
+		for rows.Next(dest) == nil {
+		}
+		rows.Close()
+		return nil, errLostReply
+	}
+	return rows, err
 }
 
 func (s *countingStmt) CheckNamedValue(nv *driver.NamedValue) error {
@@ -262,6 +319,9 @@ func (c *countingConn) ResetSession(ctx context.Context) error {
 }
 
 func (c *countingConn) IsValid() bool {
+	if c.cut() {
+		return false
+	}
 	if v, ok := c.Conn.(driver.Validator); ok {
 		return v.IsValid()
 	}

@@ -40,32 +40,53 @@ func TestMain(m *testing.M) {
 // the suite checks retry safety after lost replies and cut connections.
 func TestContract(t *testing.T) {
 	eachEngine(t, engines, func(t *testing.T, e engine) {
-		dsn := e.dsn(t)
-		shared := e.open(t, dsn, nil)
-		storetest.Run(t, func(t *testing.T) storetest.Harness {
-			const ttl = 2 * time.Second
-			h := storetest.Harness{TTL: ttl, Step: 200 * time.Millisecond}
-			db := shared
-			if host := serverAddr(e, dsn); host != "" {
-				proxy := testsvc.NewDropProxy(t, host)
-				db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
-				h.Faults = proxy
-			}
-			b := e.backend(t, db, sqllock.WithTTL(ttl))
-			h.Backend = b
-			// On the same table: a purge by either backend sees the
-			// other's records.
-			h.WithTTL = func(ttl time.Duration) store.Backend {
-				o, err := sqllock.New(db, e.dialect, sqllock.WithTable(tableOf(b)), sqllock.WithTTL(ttl))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return o
-			}
-			h.ServerClock = jumpHarness(e)
-			return h
-		})
+		storetest.Run(t, contractHarness(t, e, false))
 	})
+}
+
+// TestOps runs the storetest suite of the operations interfaces
+// (store.Operator) on every engine, with the harness of TestContract;
+// SQLite, which has no connection to cut, loses replies in its driver
+// (sqliteFaults).
+func TestOps(t *testing.T) {
+	eachEngine(t, engines, func(t *testing.T, e engine) {
+		storetest.RunOps(t, contractHarness(t, e, true))
+	})
+}
+
+// contractHarness returns the contract suites' harness factory for e, on
+// a database shared by the cases, each on a table of its own. With
+// sqliteFaulty, SQLite's cases get sqliteFaults as their Faults.
+func contractHarness(t *testing.T, e engine, sqliteFaulty bool) func(t *testing.T) storetest.Harness {
+	dsn := e.dsn(t)
+	shared := e.open(t, dsn, nil)
+	return func(t *testing.T) storetest.Harness {
+		const ttl = 2 * time.Second
+		h := storetest.Harness{TTL: ttl, Step: 200 * time.Millisecond}
+		db := shared
+		if host := serverAddr(e, dsn); host != "" {
+			proxy := testsvc.NewDropProxy(t, host)
+			db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
+			h.Faults = proxy
+		} else if sqliteFaulty {
+			c := &counter{}
+			db = e.open(t, dsn, c)
+			h.Faults = sqliteFaults{c}
+		}
+		b := e.backend(t, db, sqllock.WithTTL(ttl))
+		h.Backend = b
+		// On the same table: a purge by either backend sees the
+		// other's records.
+		h.WithTTL = func(ttl time.Duration) store.Backend {
+			o, err := sqllock.New(db, e.dialect, sqllock.WithTable(tableOf(b)), sqllock.WithTTL(ttl))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+		h.ServerClock = jumpHarness(e)
+		return h
+	}
 }
 
 // jumpHarness is the contract suite's backend on a server whose wall clock

@@ -1,0 +1,284 @@
+package sqllock
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/base64"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+var _ store.Operator = (*Backend)(nil)
+
+// record is the operator's view of r, the record of key.
+func record(key string, r row) store.Record {
+	rec := store.Record{
+		Key:         key,
+		State:       store.State(r.state),
+		Fence:       r.fence,
+		LeaseExpiry: time.UnixMilli(r.lease),
+		ExpiresAt:   time.UnixMilli(r.exp),
+		Version:     store.VersionOf(r.token),
+		Now:         time.UnixMilli(r.now),
+	}
+	if rec.State == store.Done {
+		rec.Fingerprint = unstamp(r.fp, r.fence)
+	}
+	return rec
+}
+
+// Inspect implements store.Inspector: one SELECT of the key's row by its
+// primary key, with the database's now read in the same statement, by the
+// expression Claim judges leases with (for SQLite, the process's clock).
+// It changes nothing: an expired record is reported as stored.
+func (b *Backend) Inspect(ctx context.Context, key string) (store.Record, bool, error) {
+	if err := store.ValidateKey(key); err != nil {
+		return store.Record{}, false, err
+	}
+	var r row
+	var found bool
+	err := b.retry(ctx, func() error {
+		var err error
+		r, found, err = b.read(ctx, []byte(key))
+		return err
+	})
+	if err != nil {
+		return store.Record{}, false, fmt.Errorf("sqllock: inspect %q: %w", key, err)
+	}
+	if !found {
+		return store.Record{}, false, nil
+	}
+	return record(key, r), true, nil
+}
+
+// ForceRelease implements store.ForceReleaser. SQL cannot compute the
+// record's version from its token on every engine, so it reads the row
+// (its token, fence and state), checks them against r, and then runs
+// Release's own UPDATE on the token it read: one conditional statement
+// (key, fence, token, state Claimed) that sets the lease expiry to the
+// database's now and raises the fence, as the holder's Release would. A
+// record that changed between the read and the write is left alone, and
+// the call returns false.
+func (b *Backend) ForceRelease(ctx context.Context, r store.Record) (bool, error) {
+	if err := store.ValidateRecord(r); err != nil {
+		return false, err
+	}
+	k := []byte(r.Key)
+	var released bool
+	err := b.retry(ctx, func() error {
+		cur, ok, err := b.current(ctx, k, r, store.Claimed)
+		if err != nil || !ok {
+			released = false
+			return err
+		}
+		var n int64
+		if b.q.Returning {
+			n, err = b.exec(ctx, b.q.Release, k, cur.fence, millis(b.ttl), cur.token)
+		} else {
+			n, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.fence, cur.token)
+		}
+		released = err == nil && n == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("sqllock: force-release %q fence %d: %w", r.Key, r.Fence, err)
+	}
+	return released, nil
+}
+
+// Forget implements store.Forgetter: it reads the row as ForceRelease
+// does, then deletes it with one conditional DELETE (key, fence, token,
+// state Done) on the token it read. A Claimed record is never deleted.
+func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
+	if err := store.ValidateRecord(r); err != nil {
+		return false, err
+	}
+	k := []byte(r.Key)
+	var deleted bool
+	err := b.retry(ctx, func() error {
+		cur, ok, err := b.current(ctx, k, r, store.Done)
+		if err != nil || !ok {
+			deleted = false
+			return err
+		}
+		n, err := b.exec(ctx, b.q.Forget, k, cur.fence, cur.token)
+		deleted = err == nil && n == 1
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("sqllock: forget %q fence %d: %w", r.Key, r.Fence, err)
+	}
+	return deleted, nil
+}
+
+// current reads the row of k and reports whether it is still the record r
+// describes, in state want: same fence, and a token whose version is
+// r.Version.
+func (b *Backend) current(ctx context.Context, k []byte, r store.Record, want store.State) (row, bool, error) {
+	cur, found, err := b.read(ctx, k)
+	if err != nil || !found {
+		return cur, false, err
+	}
+	ok := store.State(cur.state) == want && cur.fence == r.Fence && store.VersionOf(cur.token) == r.Version
+	return cur, ok, nil
+}
+
+// List implements store.Lister with one SELECT per call, which reads at
+// most q.Limit records (DefaultListLimit when zero): the next ones, in
+// key order, of the prefix's key range on the table's primary key, from
+// the cursor on. The state filter applies to those records, so a page
+// with a state set may be short, even empty, while Next is set. Keys are
+// compared as bytes (the key column is binary on every engine), so the
+// prefix is matched byte for byte, with no pattern or collation: '%', '_'
+// and '\' are plain bytes. Next is set when the call read a full window;
+// the last page may then be empty.
+//
+// Each record is reported once. The cursor holds the last key the call
+// read and a digest of the table, the prefix and the state; List refuses,
+// with store.ErrInvalidQuery, one issued for another table or query.
+func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, error) {
+	if err := store.ValidateQuery(q); err != nil {
+		return store.Page{}, err
+	}
+	limit := q.Limit
+	if limit == 0 {
+		limit = store.DefaultListLimit
+	}
+	// Every valid key is at least "\x01": a key is not empty and holds no
+	// NUL byte.
+	lower := []byte("\x01")
+	if q.Prefix != "" {
+		lower = []byte(q.Prefix)
+	}
+	if q.Cursor != "" {
+		last, err := b.readCursor(q)
+		if err != nil {
+			return store.Page{}, err
+		}
+		// No byte string lies between last and last+"\x00".
+		lower = append(last, 0)
+	}
+	upper := successor([]byte(q.Prefix))
+	state := int64(q.State)
+	var text string
+	var args []any
+	switch {
+	case upper == nil:
+		text = b.q.List
+		if b.q.Returning {
+			args = []any{lower, limit, state}
+		} else {
+			args = []any{lower, limit, state, state}
+		}
+	case b.q.Returning:
+		text, args = b.q.ListBelow, []any{lower, limit, state, upper}
+	default:
+		text, args = b.q.ListBelow, []any{lower, upper, limit, state, state}
+	}
+	var page store.Page
+	err := b.retry(ctx, func() error {
+		var err error
+		page, err = b.list(ctx, q, text, args, limit)
+		return err
+	})
+	if err != nil {
+		return store.Page{}, fmt.Errorf("sqllock: list prefix %q: %w", q.Prefix, err)
+	}
+	return page, nil
+}
+
+// list runs one List statement.
+func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args []any, limit int) (store.Page, error) {
+	st, err := b.stmt(ctx, text)
+	if err != nil {
+		return store.Page{}, err
+	}
+	rows, err := st.QueryContext(ctx, args...)
+	if err != nil {
+		return store.Page{}, err
+	}
+	defer rows.Close()
+	var page store.Page
+	var last []byte
+	var read int64
+	for rows.Next() {
+		var key []byte
+		var state, fence, lease, exp sql.NullInt64
+		var token, fp sql.NullString
+		var now int64
+		if err := rows.Scan(&last, &read, &key, &state, &fence, &lease, &exp, &token, &fp, &now); err != nil {
+			return store.Page{}, err
+		}
+		if key == nil {
+			continue // the window holds no record in the state
+		}
+		page.Records = append(page.Records, record(string(key), row{
+			state: state.Int64, fence: fence.Int64, lease: lease.Int64, exp: exp.Int64,
+			token: token.String, fp: fp, now: now,
+		}))
+	}
+	if err := rows.Err(); err != nil {
+		return store.Page{}, err
+	}
+	if read >= int64(limit) && last != nil {
+		page.Next = b.cursor(q, last)
+	}
+	return page, nil
+}
+
+// successor returns the least byte string above every string that starts
+// with prefix, or nil when there is none (an empty prefix, or one of 0xFF
+// bytes only).
+func successor(prefix []byte) []byte {
+	// Not bytes.TrimRight: its cutset is read as UTF-8, and "\xff" would
+	// trim any invalid byte.
+	end := len(prefix)
+	for end > 0 && prefix[end-1] == 0xff {
+		end--
+	}
+	if end == 0 {
+		return nil
+	}
+	up := bytes.Clone(prefix[:end])
+	up[end-1]++
+	return up
+}
+
+// cursorVersion is the first byte of a cursor: its format.
+const cursorVersion = 1
+
+// querySum is the digest that binds a cursor to the table, the prefix and
+// the state it was issued for.
+func (b *Backend) querySum(q store.ListQuery) []byte {
+	sum := sha256.Sum256([]byte(b.d.String() + "\x00" + b.table + "\x00" + strconv.Itoa(int(q.State)) + "\x00" + q.Prefix))
+	return sum[:8]
+}
+
+// cursor encodes the last key a List call read: base64 (URL alphabet, no
+// padding) of the format byte, the query's digest and the key.
+func (b *Backend) cursor(q store.ListQuery, last []byte) string {
+	c := append([]byte{cursorVersion}, b.querySum(q)...)
+	return base64.RawURLEncoding.EncodeToString(append(c, last...))
+}
+
+// readCursor returns the last key that q.Cursor holds, or an error
+// wrapping store.ErrInvalidQuery when this backend did not issue it for
+// q's prefix and state.
+func (b *Backend) readCursor(q store.ListQuery) ([]byte, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(q.Cursor)
+	sum := b.querySum(q)
+	if err != nil || len(raw) < 1+len(sum)+1 || raw[0] != cursorVersion || !bytes.Equal(raw[1:1+len(sum)], sum) {
+		return nil, fmt.Errorf("%w: the cursor was not issued by this backend for prefix %q and state %v", store.ErrInvalidQuery, q.Prefix, q.State)
+	}
+	last := raw[1+len(sum):]
+	if store.ValidateKey(string(last)) != nil || !strings.HasPrefix(string(last), q.Prefix) {
+		return nil, fmt.Errorf("%w: the cursor holds a key outside prefix %q", store.ErrInvalidQuery, q.Prefix)
+	}
+	return last, nil
+}
