@@ -17,13 +17,20 @@ import (
 
 // compositeEvent is a Pub/Sub CloudEvent whose message has the attributes
 // attrs (none when nil) and the data payload, byte for byte.
-func compositeEvent(t *testing.T, attrs map[string]string, payload string) cloudevents.Event {
+func compositeEvent(t testing.TB, attrs map[string]string, payload string) cloudevents.Event {
 	t.Helper()
 	msg := map[string]any{"messageId": "m-1", "data": base64.StdEncoding.EncodeToString([]byte(payload))}
 	if attrs != nil {
 		msg["attributes"] = attrs
 	}
-	return pubsubEvent(t, "m-1", msg)
+	e := cloudevents.NewEvent()
+	e.SetID("m-1")
+	e.SetSource("//pubsub.googleapis.com/projects/p/topics/t")
+	e.SetType(idempotency.PubSubEventType)
+	if err := e.SetData(cloudevents.ApplicationJSON, map[string]any{"message": msg}); err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 var tenantAndOrder = idempotency.CompositeKey(idempotency.AttributePart("tenant"), idempotency.JSONFieldPart("order", "id"))
