@@ -28,8 +28,9 @@ import (
 // KeyFuncs' ones included.
 //
 // The key decides what counts as a duplicate. MessageID catches
-// redeliveries of one publish; a business key ([Attribute], [JSONField], or a
-// func of your own) also catches a producer publishing the same thing twice.
+// redeliveries of one publish; a business key ([Attribute], [JSONField],
+// [CompositeKey] of several, or a func of your own) also catches a producer
+// publishing the same thing twice.
 type KeyFunc func(e event.Event) (string, error)
 
 // MessageID keys an event by its Pub/Sub messageId (see [ParsePubSub]). It
