@@ -21,7 +21,8 @@
 // [github.com/gcp-pubsub-idempotency/idempotency/fake] has an in-memory one
 // for tests, and the modules under store/ have Datastore, Redis and SQL
 // ones. [Idempotent] wraps a CloudEvent function in Lock, keyed by the
-// event ([KeyFunc]: [MessageID] by default, [Attribute], [JSONField]).
+// event ([KeyFunc]: [MessageID] by default, [Attribute], [JSONField],
+// [CompositeKey]).
 //
 // Without the functions framework, [PushHandler] serves the same guard as a
 // plain [net/http.Handler] for raw push envelopes and CloudEvents, and

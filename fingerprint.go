@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,6 +87,10 @@ const (
 	// attributes, followed by "." and 8 hex digits naming the attribute
 	// set.
 	attrsFingerprintScheme = "data+attrs-sha256"
+	// fieldsFingerprintScheme starts a fingerprint over chosen JSON
+	// fields of the data, followed by "." and 8 hex digits naming the
+	// set of fields.
+	fieldsFingerprintScheme = "fields-sha256"
 )
 
 // fingerprintHexLen is how many hex digits of the SHA-256 a fingerprint
@@ -155,6 +161,140 @@ func PayloadFingerprint(attributes ...string) FingerprintFunc {
 		var sum [sha256.Size]byte
 		return fingerprintString(scheme, h.Sum(sum[:0])), nil
 	}
+}
+
+// JSONFieldsFingerprint returns a [FingerprintFunc] over chosen fields of
+// a Pub/Sub message's JSON payload, each a path as [JSONField] takes it:
+// JSONFieldsFingerprint([]string{"order", "qty"}, []string{"order",
+// "price"}) compares the quantity and the price of an order and nothing
+// else, so that a republish whose other fields changed (a send timestamp)
+// stays a duplicate. Its fingerprints are
+//
+//	fields-sha256.<8 hex>:<32 hex>
+//
+// where the 8 hex digits name the set of paths (in any order), and the 32
+// the first 128 bits of a SHA-256 over each field's value. A value is read
+// for what it means, not how it is written: white space, and the order of
+// an object's members, do not count, and of two members with one name the
+// last counts; a string counts by its characters (so "\u0041" is "A"); a
+// number counts by its text as written (1 and 1.0 differ, as in
+// JSONField's keys). Any other change of a chosen field (its type, a
+// character, an element of an array, a member of an object, null, or its
+// absence) changes the fingerprint.
+//
+// An event whose data is not a Pub/Sub message envelope has none (the
+// empty fingerprint), as with [PayloadFingerprint]. These are the
+// message's fault, an error wrapping [ErrMalformedEvent] that names the
+// field (a 400 from [Idempotent] and [PushHandler], before anything is
+// claimed): a payload that is not exactly one JSON value, and a chosen
+// field holding a string (a member name included) with bytes that are not
+// UTF-8 or a \u escape of a lone UTF-16 surrogate, which a decoder turns
+// into U+FFFD so that two different payloads would share a fingerprint.
+// JSONFieldsFingerprint panics without paths.
+func JSONFieldsFingerprint(paths ...[]string) FingerprintFunc {
+	if len(paths) == 0 {
+		panic("idempotency: JSONFieldsFingerprint needs at least one field")
+	}
+	sorted := make([][]string, len(paths))
+	for i, p := range paths {
+		sorted[i] = slices.Clone(p)
+	}
+	slices.SortFunc(sorted, slices.Compare)
+	sorted = slices.CompactFunc(sorted, slices.Equal)
+	set := sha256.New()
+	for _, p := range sorted {
+		writeField(set, strconv.Itoa(len(p)))
+		for _, name := range p {
+			writeField(set, name)
+		}
+	}
+	scheme := fieldsFingerprintScheme + "." + hex.EncodeToString(set.Sum(nil)[:4])
+	tree := newFieldTree(sorted)
+	return func(e event.Event) (string, error) {
+		var w struct {
+			Message *struct {
+				MessageID    string `json:"messageId"`
+				MessageIDAlt string `json:"message_id"`
+				Data         []byte `json:"data"`
+			} `json:"message"`
+		}
+		if json.Unmarshal(e.Data(), &w) != nil || w.Message == nil {
+			return "", nil
+		}
+		id := firstNonEmpty(w.Message.MessageID, w.Message.MessageIDAlt)
+		raws, err := tree.values(w.Message.Data)
+		if err != nil {
+			return "", fmt.Errorf("%w: fingerprint field %q of message %q: %v", ErrMalformedEvent, sorted[0], id, err)
+		}
+		h := sha256.New()
+		for i, raw := range raws {
+			if raw == nil {
+				h.Write([]byte{0})
+				continue
+			}
+			h.Write([]byte{1})
+			if err := checkJSONString(raw); err != nil {
+				return "", fmt.Errorf("%w: fingerprint field %q of message %q %v", ErrMalformedEvent, sorted[i], id, err)
+			}
+			if err := writeCanonicalJSON(h, raw); err != nil {
+				return "", fmt.Errorf("%w: fingerprint field %q of message %q: %v", ErrMalformedEvent, sorted[i], id, err)
+			}
+		}
+		var sum [sha256.Size]byte
+		return fingerprintString(scheme, h.Sum(sum[:0])), nil
+	}
+}
+
+// writeCanonicalJSON writes the valid JSON value raw to h as a tagged,
+// length-prefixed encoding of what it means, so that two values write the
+// same bytes exactly when they differ only in white space, member order or
+// repeated member names (the last counts), or in how a string's characters
+// are escaped.
+func writeCanonicalJSON(h interface{ Write([]byte) (int, error) }, raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	var count [8]byte
+	switch raw[0] {
+	case '{':
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &obj); err != nil {
+			return err
+		}
+		h.Write([]byte{'o'})
+		binary.BigEndian.PutUint64(count[:], uint64(len(obj)))
+		h.Write(count[:])
+		for _, name := range slices.Sorted(maps.Keys(obj)) {
+			writeField(h, name)
+			if err := writeCanonicalJSON(h, obj[name]); err != nil {
+				return err
+			}
+		}
+	case '[':
+		var arr []json.RawMessage
+		if err := json.Unmarshal(raw, &arr); err != nil {
+			return err
+		}
+		h.Write([]byte{'a'})
+		binary.BigEndian.PutUint64(count[:], uint64(len(arr)))
+		h.Write(count[:])
+		for _, v := range arr {
+			if err := writeCanonicalJSON(h, v); err != nil {
+				return err
+			}
+		}
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return err
+		}
+		h.Write([]byte{'s'})
+		writeField(h, s)
+	case 'n', 't', 'f':
+		h.Write(raw[:1]) // null, true, false
+	default:
+		h.Write([]byte{'d'})
+		writeField(h, string(raw)) // a number, as written
+	}
+	return nil
 }
 
 // writeField writes s, prefixed with its length, so that no two lists of

@@ -28,8 +28,9 @@ import (
 // KeyFuncs' ones included.
 //
 // The key decides what counts as a duplicate. MessageID catches
-// redeliveries of one publish; a business key ([Attribute], [JSONField], or a
-// func of your own) also catches a producer publishing the same thing twice.
+// redeliveries of one publish; a business key ([Attribute], [JSONField],
+// [CompositeKey] of several, or a func of your own) also catches a producer
+// publishing the same thing twice.
 type KeyFunc func(e event.Event) (string, error)
 
 // MessageID keys an event by its Pub/Sub messageId (see [ParsePubSub]). It
@@ -270,6 +271,202 @@ func checkJSONString(lit []byte) error {
 				}
 			}
 			return errors.New("holds a lone UTF-16 surrogate (a \\u escape of a high surrogate without its low one)")
+		}
+	}
+	return nil
+}
+
+// A KeyPart is one part of a [CompositeKey]: a Pub/Sub message attribute
+// ([AttributePart]) or a field of the message's JSON payload
+// ([JSONFieldPart]). Its zero value is the attribute named "".
+type KeyPart struct {
+	attr  string
+	path  []string
+	field bool
+}
+
+// AttributePart is the part of a [CompositeKey] that [Attribute](name)
+// would key by: the attribute's value, as is.
+func AttributePart(name string) KeyPart {
+	return KeyPart{attr: name}
+}
+
+// JSONFieldPart is the part of a [CompositeKey] that [JSONField](path...)
+// would key by: the field's JSON value, type included, by JSONField's
+// table (a string as is, "json:1" for the number 1).
+func JSONFieldPart(path ...string) KeyPart {
+	return KeyPart{path: slices.Clone(path), field: true}
+}
+
+// what names the part in errors: as the single KeyFuncs name their field.
+func (p KeyPart) what() string {
+	if p.field {
+		return fmt.Sprintf("key field %q", p.path)
+	}
+	return "attribute " + strconv.Quote(p.attr)
+}
+
+// CompositeKeySeparator separates the parts of a [CompositeKey]'s key.
+// Within a part, a backslash and the separator are escaped with a
+// backslash.
+const CompositeKeySeparator = "|"
+
+// CompositeKey keys an event by several parts of its Pub/Sub message, in
+// the order given: CompositeKey(AttributePart("tenant"),
+// JSONFieldPart("order", "id")) keys the message with attribute
+// tenant=acme and payload {"order":{"id":"PO-1"}} as "acme|PO-1". Each
+// part's value is what [Attribute] or [JSONField] would key by; in it, a
+// backslash becomes two and [CompositeKeySeparator] becomes `\|`, and the
+// values are joined by CompositeKeySeparator, so that no two different
+// tuples of values are ever one key (("a|b", "c") is `a\|b|c`, ("a",
+// "b|c") is `a|b\|c`).
+//
+// The payload is decoded once for all the JSONFieldParts, each object on
+// their paths once. A part that is malformed by JSONField's rules (a
+// payload that is not exactly one JSON value, a field that is an object or
+// an array, a string that is not UTF-8 or holds a lone surrogate escape)
+// makes the event the message's fault: an error wrapping
+// [ErrMalformedEvent] that names the part (a 400 from [Idempotent] and
+// [PushHandler]), whatever the other parts hold. Otherwise a part that is
+// absent or empty (an absent or empty attribute, a missing or null field)
+// makes the event unkeyed, as the single KeyFuncs do ([ErrNoKey], or
+// unguarded with [AllowUnguarded]). A joined key that [store.ValidateKey]
+// refuses (longer than [store.MaxKeyLen], or with a NUL byte) is refused
+// as the single KeyFuncs refuse theirs (an error wrapping
+// [store.ErrInvalidKey]), and stored hashed with [WithHashedKeys].
+//
+// CompositeKey panics without parts. Two CompositeKeys of different parts
+// can give one key (an attribute and a field of equal values): give each
+// its own [WithKeyPrefix] when they share a backend.
+func CompositeKey(parts ...KeyPart) KeyFunc {
+	if len(parts) == 0 {
+		panic("idempotency: CompositeKey needs at least one part")
+	}
+	parts = slices.Clone(parts)
+	var paths [][]string
+	var fields []int // the index in parts of each path
+	for i, p := range parts {
+		if p.field {
+			paths = append(paths, p.path)
+			fields = append(fields, i)
+		}
+	}
+	tree := newFieldTree(paths)
+	return func(e event.Event) (string, error) {
+		ev, err := ParsePubSub(e)
+		if err != nil {
+			return "", err
+		}
+		var buf [4]string
+		values := buf[:0]
+		if len(parts) > len(buf) {
+			values = make([]string, 0, len(parts))
+		}
+		var raws []json.RawMessage
+		if len(fields) > 0 {
+			if raws, err = tree.values(ev.Message.Data); err != nil {
+				return "", fmt.Errorf("%w: %s of message %q: %v", ErrMalformedEvent, parts[fields[0]].what(), ev.Message.ID, err)
+			}
+		}
+		unkeyed := false
+		next := 0 // the next of raws
+		for _, p := range parts {
+			v := ev.Message.Attributes[p.attr]
+			if p.field {
+				v, err = jsonValueKey(raws[next])
+				next++
+				if err != nil {
+					return "", fmt.Errorf("%w: %s of message %q %v", ErrMalformedEvent, p.what(), ev.Message.ID, err)
+				}
+			}
+			unkeyed = unkeyed || v == ""
+			values = append(values, v)
+		}
+		if unkeyed {
+			return "", nil
+		}
+		return checkedKey(joinKeyParts(values), "composite key", e)
+	}
+}
+
+// joinKeyParts is CompositeKey's key of values: each escaped, joined by
+// CompositeKeySeparator.
+func joinKeyParts(values []string) string {
+	n := len(values) - 1
+	for _, v := range values {
+		n += len(v) + strings.Count(v, `\`) + strings.Count(v, CompositeKeySeparator)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for i, v := range values {
+		if i > 0 {
+			b.WriteString(CompositeKeySeparator)
+		}
+		for j := 0; j < len(v); j++ {
+			if c := v[j]; c == '\\' || c == CompositeKeySeparator[0] {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[j])
+		}
+	}
+	return b.String()
+}
+
+// fieldTree holds the paths of several JSON fields, merged by their common
+// prefixes, so that one walk of a payload decodes each object on them once.
+type fieldTree struct {
+	ends     []int // the indexes of the paths that end here
+	children map[string]*fieldTree
+	n        int // how many paths (at the root)
+}
+
+func newFieldTree(paths [][]string) *fieldTree {
+	root := &fieldTree{n: len(paths)}
+	for i, path := range paths {
+		node := root
+		for _, name := range path {
+			child := node.children[name]
+			if child == nil {
+				if node.children == nil {
+					node.children = map[string]*fieldTree{}
+				}
+				child = &fieldTree{}
+				node.children[name] = child
+			}
+			node = child
+		}
+		node.ends = append(node.ends, i)
+	}
+	return root
+}
+
+// values is the JSON text of each path's value in data, in the order of
+// the paths, with jsonFieldValue's rules: nil for none, and an error when
+// data is not exactly one JSON value.
+func (t *fieldTree) values(data []byte) ([]json.RawMessage, error) {
+	if !json.Valid(data) {
+		var v struct{}
+		err := json.Unmarshal(data, &v) // the syntax error, with its offset
+		return nil, fmt.Errorf("the payload is not one JSON value: %v", err)
+	}
+	out := make([]json.RawMessage, t.n)
+	return out, t.walk(data, out)
+}
+
+func (t *fieldTree) walk(raw json.RawMessage, out []json.RawMessage) error {
+	for _, i := range t.ends {
+		out[i] = raw
+	}
+	if len(t.children) == 0 || len(raw) == 0 || raw[firstNonSpace(raw)] != '{' {
+		return nil // below a non-object, every path is absent
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return fmt.Errorf("the payload is not JSON: %v", err)
+	}
+	for name, child := range t.children {
+		if err := child.walk(obj[name], out); err != nil {
+			return err
 		}
 	}
 	return nil

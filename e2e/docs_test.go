@@ -16,8 +16,9 @@ package e2e
 //     exist and be covered: a prerequisite of test, a script that test's
 //     recipe runs too, or go test lines checked as above;
 //   - gcloud: cannot run without Google Cloud, so the command group must be a
-//     command (not a group) of the local SDK, and every --flag must appear in
-//     its --help. Without gcloud this is skipped, unless
+//     command (not a group) of the local SDK, every --flag must appear in
+//     its --help, and it must be given as many positional arguments as its
+//     --help requires without a prompt. Without gcloud this is skipped, unless
 //     IDEMPOTENCY_REQUIRE_SERVICES is set.
 //
 // Anything else fails the test, so a new command cannot enter the docs
@@ -836,7 +837,111 @@ func (c *commandChecker) gcloudCommand(t *testing.T, args []string) error {
 			return fmt.Errorf("%s has no flag %s in its --help", name[1], flag)
 		}
 	}
+	given := givenPositionals(help, args[len(command):])
+	if need := requiredPositionals(help); len(given) < len(need) {
+		return fmt.Errorf("%s needs the positional arguments %s (without a prompt), and is given %d: %q", name[1], strings.Join(need, " "), len(given), given)
+	}
 	return nil
+}
+
+// givenPositionals are the words of args (a gcloud command's words after
+// the command's name) that are positional arguments: not flags, and not
+// the value of a flag that takes one (--flag=VALUE in its --help) written
+// as the next word.
+func givenPositionals(help string, args []string) []string {
+	var pos []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "-") {
+			pos = append(pos, a)
+			continue
+		}
+		if strings.Contains(a, "=") || i+1 == len(args) {
+			continue
+		}
+		if regexp.MustCompile(`(^|[^a-z0-9-])` + regexp.QuoteMeta(a) + `=`).MatchString(help) {
+			i++ // the flag's value
+		}
+	}
+	return pos
+}
+
+var (
+	synopsisRE  = regexp.MustCompile(`(?ms)^SYNOPSIS\n(.*?)\n(?:[A-Z][A-Z ]*\n|\z)`)
+	positionsRE = regexp.MustCompile(`(?ms)^POSITIONAL ARGUMENTS\n(.*?)\n(?:[A-Z][A-Z ]*\n|\z)`)
+	upperWordRE = regexp.MustCompile(`[A-Z][A-Z0-9_-]*`)
+)
+
+// requiredPositionals are the positional arguments a gcloud command needs
+// when it may not prompt (the docs' commands run in scripts): those its
+// --help SYNOPSIS shows outside [brackets], and the bracketed ones whose
+// POSITIONAL ARGUMENTS entry offers no way to set them but the command
+// line and an interactive prompt (gcloud run deploy's [SERVICE]: without
+// it, and without a prompt, the command fails with "Error parsing
+// [service]").
+func requiredPositionals(help string) []string {
+	m := synopsisRE.FindStringSubmatch(help)
+	if m == nil {
+		return nil
+	}
+	synopsis := strings.Join(strings.Fields(m[1]), " ")
+	var need []string
+	depth := 0
+	for i := 0; i < len(synopsis); i++ {
+		switch c := synopsis[i]; {
+		case c == '[':
+			depth++
+		case c == ']':
+			depth--
+		case c >= 'A' && c <= 'Z' && (i == 0 || !inPlaceholder(synopsis[i-1])):
+			w := upperWordRE.FindString(synopsis[i:])
+			i += len(w) - 1
+			if i+1 < len(synopsis) && inPlaceholder(synopsis[i+1]) {
+				continue // a flag's VALUE, KEY=VALUE, or not a placeholder
+			}
+			if w == "GCLOUD_WIDE_FLAG" || slices.Contains(need, w) {
+				continue
+			}
+			if depth == 0 || promptOnly(help, w) {
+				need = append(need, w)
+			}
+		}
+	}
+	return need
+}
+
+// inPlaceholder reports whether c, next to an upper-case word of a
+// SYNOPSIS, makes it part of a flag's value or of a word that is not a
+// positional's name.
+func inPlaceholder(c byte) bool {
+	return c == '=' || c == ',' || c == '_' || c == '-' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// promptOnly reports whether the POSITIONAL ARGUMENTS entry of the
+// bracketed positional name lists only the command line and an
+// interactive prompt as ways to set it.
+func promptOnly(help, name string) bool {
+	m := positionsRE.FindStringSubmatch(help)
+	if m == nil {
+		return false
+	}
+	entry := regexp.MustCompile(`(?m)^ +\[` + regexp.QuoteMeta(name) + `\]\n((?: *\n| {8,}.*\n)*)`).FindStringSubmatch(m[1] + "\n")
+	if entry == nil {
+		return false
+	}
+	ways := regexp.MustCompile(`(?m)^ +[▸◆•*-] (.*(?:\n {12,}[^▸◆•* ].*)*)`).FindAllStringSubmatch(entry[1], -1)
+	prompt := false
+	for _, w := range ways {
+		way := strings.Join(strings.Fields(w[1]), " ")
+		switch {
+		case strings.Contains(way, "interactive prompt"):
+			prompt = true
+		case strings.HasPrefix(way, "provide the argument "+name+" on the command line"):
+		default:
+			return false
+		}
+	}
+	return prompt
 }
 
 // TestDocsREADMEIsShort keeps the README a five-minute read.
@@ -1009,6 +1114,9 @@ func TestDocsCheckerRefusesWhatItCannotVouchFor(t *testing.T) {
 			"gcloud pubsub subscriptions --help-me",
 			"gcloud pubsub subscriptions",
 			"gcloud pubsub subscripshuns update SUB",
+			"gcloud pubsub subscriptions update --dead-letter-topic=orders-dead-letter",
+			"gcloud run deploy --source=build/function --function=HandleOrder",
+			"gcloud run services add-iam-policy-binding --region us-central1 --member=user:a@example.com --role=roles/run.invoker",
 		)
 	}
 	for _, text := range bad {
