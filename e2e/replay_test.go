@@ -188,25 +188,29 @@ func (c *replayConsumer) settle(t *testing.T, m replayMark, n int) phase {
 	}
 }
 
-// replaySub is a topic with one push subscription to a consumer, which
-// retains acked messages so that a seek to a time can replay them.
+// replaySub is a topic with one push subscription to a consumer. With
+// retainAcked the subscription keeps acked messages (for the shortest
+// retention Pub/Sub accepts), so that a seek to a time can replay them.
 type replaySub struct {
 	ps    *pubsub
 	topic string
 	sub   string
 }
 
-func newReplaySub(t *testing.T, name string, c *replayConsumer) *replaySub {
+func newReplaySub(t *testing.T, name string, c *replayConsumer, retainAcked bool) *replaySub {
 	ps := newPubSub(t, name)
 	s := &replaySub{ps: ps, topic: "orders", sub: "orders-replay"}
 	ps.topic(t, s.topic)
-	ps.do(t, http.MethodPut, "/subscriptions/"+s.sub, map[string]any{
-		"topic":                    "projects/" + ps.project + "/topics/" + s.topic,
-		"pushConfig":               map[string]any{"pushEndpoint": c.srv.URL + "/orders"},
-		"ackDeadlineSeconds":       10,
-		"retainAckedMessages":      true,
-		"messageRetentionDuration": "600s", // the minimum Pub/Sub accepts
-	}, nil)
+	sub := map[string]any{
+		"topic":              "projects/" + ps.project + "/topics/" + s.topic,
+		"pushConfig":         map[string]any{"pushEndpoint": c.srv.URL + "/orders"},
+		"ackDeadlineSeconds": 10,
+	}
+	if retainAcked {
+		sub["retainAckedMessages"] = true
+		sub["messageRetentionDuration"] = "600s"
+	}
+	ps.do(t, http.MethodPut, "/subscriptions/"+s.sub, sub, nil)
 	t.Cleanup(func() {
 		req, _ := http.NewRequest(http.MethodDelete, ps.base+"/v1/projects/"+ps.project+"/subscriptions/"+s.sub, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -341,7 +345,7 @@ func TestReplayAfterAFix(t *testing.T) {
 			clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 			b := fake.New(fake.WithClock(clock.Now), fake.WithTTL(ttl))
 			c := newReplayConsumer(t)
-			s := newReplaySub(t, "replay", c)
+			s := newReplaySub(t, "replay", c, true)
 			var keyOpt []idempotency.Option
 			if tc.business {
 				keyOpt = append(keyOpt, idempotency.WithKey(idempotency.Attribute("po_id")))
@@ -479,7 +483,9 @@ func TestReplayAfterAFix(t *testing.T) {
 
 // TestReplayAfterAFixOnRedis runs the seek replays that need no Forget on
 // a real store, Redis: a seek is suppressed, a new key prefix runs every
-// order again.
+// order again. Its subscription does not retain acked messages: a seek to
+// a time then replays nothing, and a seek to a snapshot still replays
+// every message published after the snapshot.
 func TestReplayAfterAFixOnRedis(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: testsvc.Redis(t)})
 	t.Cleanup(func() { client.Close() })
@@ -488,7 +494,7 @@ func TestReplayAfterAFixOnRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newReplayConsumer(t)
-	s := newReplaySub(t, "replayredis", c)
+	s := newReplaySub(t, "replayredis", c, false)
 	keyOpt := idempotency.WithKey(idempotency.Attribute("po_id"))
 	business := func(prefix string) func(string) string { return func(po string) string { return prefix + po } }
 
@@ -496,7 +502,16 @@ func TestReplayAfterAFixOnRedis(t *testing.T) {
 	s.snapshot(t, "before-orders")
 	m := c.mark()
 	s.publishOrders(t)
-	checkPhase(t, "first delivery", c.settle(t, m, len(replayOrders)), 1, keysOf(replayOrders, business("orders:")))
+	first := c.settle(t, m, len(replayOrders))
+	checkPhase(t, "first delivery", first, 1, keysOf(replayOrders, business("orders:")))
+
+	// Without acked-message retention the acked orders are gone: a seek to
+	// a time before them delivers nothing (within the settling time).
+	m = c.mark()
+	s.seekToTime(t, first.deliveries[0].published.Add(-time.Second))
+	if p := c.settle(t, m, 0); len(p.deliveries) != 0 {
+		t.Errorf("a seek to a time on a subscription that keeps no acked message delivered %d messages", len(p.deliveries))
+	}
 
 	c.deploy(2, b, keyOpt, idempotency.WithKeyPrefix("orders:"))
 	m = c.mark()
