@@ -14,10 +14,8 @@ require (
 	cloud.google.com/go/compute/metadata v0.10.0 // indirect
 	cloud.google.com/go/datastore v1.28.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/cloudevents/sdk-go/v2 v2.16.2 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.1.0 // indirect
-	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0 // indirect
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
@@ -31,7 +29,6 @@ require (
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.67.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect
@@ -57,7 +54,12 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-require github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+require (
+	github.com/cloudevents/sdk-go/v2 v2.16.2
+	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
+	github.com/redis/go-redis/v9 v9.23.0
+)
 
 // Development builds use this checkout (consumers ignore replace directives).
 replace (
