@@ -31,8 +31,14 @@ var (
 
 var _ store.Operator = (*Backend)(nil)
 
-// maxListScans is the most SCAN commands one call of List sends.
-const maxListScans = 16
+// The work of one call of List: at most maxListScans SCANs, each with
+// COUNT max(limit, minScanCount). The floor keeps a listing with a small
+// page from crawling a large keyspace a few keys per round trip (a
+// listing must finish while its records live).
+const (
+	maxListScans = 16
+	minScanCount = 100
+)
 
 // Inspect implements store.Inspector: one script reads the record and the
 // server's clock (TIME) together, so Record.Now is the clock at the read,
@@ -198,7 +204,8 @@ func wrapOp(op string, r store.Record, err error) error {
 // its read, as Inspect reads it. Keys under the prefix that hold something
 // other than a record, or whose name is not a valid key, are skipped.
 //
-// Bound: one call sends at most 16 SCANs with COUNT q.Limit to one server
+// Bound: one call sends at most 16 SCANs with COUNT max(q.Limit, 100) to
+// one server (each examines about that many keys of the whole keyspace)
 // and reads at most q.Limit records (DefaultListLimit when zero). A page
 // may therefore be short, even empty, with Next set.
 //
@@ -210,8 +217,8 @@ func wrapOp(op string, r store.Record, err error) error {
 // key. When a SCAN reply holds more records than the page has room for,
 // Next resumes at the same SCAN cursor and carries a 64-bit digest of
 // each key already taken from it, so that none of that reply is lost:
-// such a cursor grows by 8 bytes per key (about 11 KB at most for a page
-// of MaxListLimit).
+// such a cursor grows by 8 bytes per key taken from that reply (a reply
+// holds about COUNT keys: some 11 KB of cursor for COUNT MaxListLimit).
 //
 // On a *redis.ClusterClient the listing scans each master in turn
 // (ordered by address); Next names the master. A listing that spans a
@@ -244,7 +251,7 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 	var page store.Page
 	read := 0
 	for scans := 0; scans < maxListScans && read < limit && len(page.Records) < limit; scans++ {
-		keys, after, err := node.Scan(ctx, cur.scan, match, int64(limit)).Result()
+		keys, after, err := node.Scan(ctx, cur.scan, match, int64(max(limit, minScanCount))).Result()
 		if err != nil {
 			return store.Page{}, fmt.Errorf("redislock: list: SCAN: %w", err)
 		}
@@ -294,9 +301,13 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 // candidates returns the keys of a SCAN reply that are under full, not
 // already taken from this reply (seen), once each, in key order.
 func candidates(keys []string, full string, seen []uint64) []string {
+	taken := make(map[uint64]bool, len(seen))
+	for _, d := range seen {
+		taken[d] = true
+	}
 	var out []string
 	for _, k := range keys {
-		if !strings.HasPrefix(k, full) || slices.Contains(seen, digest(k)) {
+		if !strings.HasPrefix(k, full) || taken[digest(k)] {
 			continue
 		}
 		out = append(out, k)

@@ -425,3 +425,39 @@ func TestListReportsEveryRecordWithinTheLimit(t *testing.T) {
 		}
 	}
 }
+
+// A listing with a small page through a large keyspace finishes in a few
+// calls: each SCAN examines at least 100 keys, whatever the limit. With
+// COUNT = the limit, listing 3 records one per page among 20,000 other
+// keys took about 20,000 / 16 calls (SCAN COUNT 1, 16 per call), and under
+// load outlived the records it was to report (a 2s ttl in the suite).
+func TestListCrossesALargeKeyspaceInFewCalls(t *testing.T) {
+	srv := testsvc.StartRedis(t)
+	c := client(t, srv.Addr)
+	b := newBackend(t, c, redislock.WithTTL(time.Hour))
+	ctx := t.Context()
+	const others = 20000
+	pipe := c.Pipeline()
+	for i := range others {
+		pipe.Set(ctx, fmt.Sprintf("other:%d", i), "x", 0)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := b.Claim(ctx, k, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, pages := listAll(t, b, store.ListQuery{Limit: 1})
+	slices.Sort(got)
+	if !slices.Equal(slices.Compact(got), []string{"a", "b", "c"}) {
+		t.Fatalf("listed %q", got)
+	}
+	// 20,003 keys, at least 100 examined per SCAN, 16 SCANs per call:
+	// some 13 calls, plus one per record (a page of one ends the call).
+	if max := others/(100*16) + 1 + 3 + 3; pages > max {
+		t.Fatalf("%d calls to list 3 records among %d keys, want at most %d", pages, others, max)
+	}
+	t.Logf("%d calls", pages)
+}
