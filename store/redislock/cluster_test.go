@@ -61,6 +61,18 @@ func TestContractOnACluster(t *testing.T) {
 	}
 }
 
+// The operations (store.Operator) on a three-master Redis Cluster: List
+// scans each master in turn.
+func TestOpsOnACluster(t *testing.T) {
+	addrs := testsvc.StartRedisCluster(t)
+	storetest.RunOps(t, opsHarness(harness(func(t *testing.T) (redis.Scripter, storetest.Faults) {
+		f := newClusterFaults()
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, Dialer: f.dial})
+		t.Cleanup(func() { cc.Close(); f.CutConnections() })
+		return cc, f
+	})))
+}
+
 // clusterFaults implements storetest.Faults for a cluster client: its
 // Dialer wraps every connection the client opens, to whichever node, so
 // that one switch loses the next reply from any node (exactly one, as a

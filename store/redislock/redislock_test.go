@@ -106,6 +106,25 @@ func TestContract(t *testing.T) {
 	}))
 }
 
+// The operations (store.Operator) on one redis-server, each case through
+// a DropProxy of its own. SCAN may report a key twice: ListMayRepeat.
+func TestOps(t *testing.T) {
+	addr := testsvc.Redis(t)
+	storetest.RunOps(t, opsHarness(harness(func(t *testing.T) (redis.Scripter, storetest.Faults) {
+		proxy := testsvc.NewDropProxy(t, addr)
+		return client(t, proxy.Addr()), proxy
+	})))
+}
+
+// opsHarness is h for RunOps: List may repeat a record (Redis SCAN).
+func opsHarness(h func(t *testing.T) storetest.Harness) func(t *testing.T) storetest.Harness {
+	return func(t *testing.T) storetest.Harness {
+		hh := h(t)
+		hh.ListMayRepeat = true
+		return hh
+	}
+}
+
 // Redis deletes a record by itself at its expires-at (PEXPIREAT), and the
 // next Claim starts a fresh record at fence 1: the history check meets such
 // restarts by the hundred with the harness's 2s ttl (222 in a run of
