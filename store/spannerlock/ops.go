@@ -134,10 +134,12 @@ const ListScan = store.MaxListLimit
 // on, in key order, and a call reads a bounded number of rows: without a
 // state filter, at most the page's limit (q.Limit, or
 // store.DefaultListLimit when zero); with one, at most [ListScan] rows,
-// of which it returns those in q.State (at most the limit), so a page of
-// a state that few rows are in may be short, even empty, while Next is
-// set. Every record that exists under the prefix in the selected state
-// for the whole listing appears once.
+// of which it returns those in q.State, at most the limit. A page of a
+// state that few rows are in may thus be short, even empty, while Next
+// is set. (Beside the page the query reports how many rows it read and
+// the last one's key, so its plan may read those rows more than once.)
+// Every record that exists under the prefix in the selected state for
+// the whole listing appears once.
 //
 // Next is the last key the page read, encoded with a digest of the
 // table, prefix and state: a cursor of another query (or backend table)
