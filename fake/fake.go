@@ -47,6 +47,14 @@ func (o Op) String() string {
 		return "Extend"
 	case OpCompleteTx:
 		return "CompleteTx"
+	case OpInspect:
+		return "Inspect"
+	case OpList:
+		return "List"
+	case OpForceRelease:
+		return "ForceRelease"
+	case OpForget:
+		return "Forget"
 	}
 	return "Op(" + strconv.Itoa(int(o)) + ")"
 }
@@ -88,8 +96,8 @@ func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
 }
 
-// Store is an in-memory [store.Backend], [store.Extender], [store.Purger]
-// and [store.Fingerprinter]. It is safe for concurrent use. The zero value is ready to
+// Store is an in-memory [store.Backend], [store.Extender], [store.Purger],
+// [store.Fingerprinter] and [store.Operator]. It is safe for concurrent use. The zero value is ready to
 // use with [store.DefaultTTL] and the system clock.
 type Store struct {
 	ttl time.Duration
@@ -156,8 +164,9 @@ func (s *Store) FailNext(op Op, err error) {
 	s.faults[op] = append(s.faults[op], err)
 }
 
-// LoseNextReply makes the next call of Claim, Complete, Release or Extend
-// take effect and then return an error wrapping [ErrReplyLost] instead of
+// LoseNextReply makes the next call of Claim, Complete, Release, Extend
+// or an operation ([Store.Inspect], [Store.List], [Store.ForceRelease],
+// [Store.Forget]) take effect and then return an error wrapping [ErrReplyLost] instead of
 // its result, as when a network loses a reply after the server applied the
 // request. A caller that retries must find its own earlier effect. Together
 // with [Store.CutConnections] it makes *Store a storetest.Faults.

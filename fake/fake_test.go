@@ -33,6 +33,26 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// The fake implements every operation (store.Operator) by the rules.
+func TestOps(t *testing.T) {
+	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+		clock := fake.NewClock(epoch)
+		s := fake.New(fake.WithClock(clock.Now))
+		return storetest.Harness{Backend: s, TTL: store.DefaultTTL, Advance: clock.Advance, Now: clock.Now, Faults: s}
+	})
+}
+
+// The operations hold with the system clock and real waiting too.
+func TestOpsRealTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time operations run skipped in -short mode")
+	}
+	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+		s := fake.New(fake.WithTTL(time.Second))
+		return storetest.Harness{Backend: s, TTL: time.Second, Step: 20 * time.Millisecond, Faults: s}
+	})
+}
+
 // The suite also holds with the system clock and real waiting.
 func TestContractRealTime(t *testing.T) {
 	if testing.Short() {

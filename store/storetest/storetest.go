@@ -119,6 +119,14 @@ type Harness struct {
 	// lock until t's cleanup). Cases that need it are skipped without it;
 	// every backend that judges time by a server's clock should provide it.
 	ServerClock func(t *testing.T) JumpHarness
+
+	// ListMayRepeat tells [RunOps] that the backend's List may report a
+	// record more than once in one listing, as store.Lister allows a
+	// backend whose store cannot read keys in order (Redis SCAN); the
+	// suite then checks that every record appears at least once. False,
+	// right for every backend that lists in key order, makes a repeated
+	// record a failure.
+	ListMayRepeat bool
 }
 
 // Faults breaks the path between a backend and its server. Both methods
