@@ -38,6 +38,10 @@ type OpStore interface {
 	// KeyOf is the inverse of the backend's Name: the key stored under
 	// name, and false for a name that Name does not produce.
 	KeyOf(name string) (string, bool)
+	// EncodesAll reports whether Name encodes every key that starts with
+	// prefix (Firestore's for a prefix that contains "/"), beyond the
+	// keys that start with "~", which every backend encodes.
+	EncodesAll(prefix string) bool
 }
 
 // NameRange is a range of record names: those after After when it is
@@ -197,15 +201,16 @@ type segment struct {
 }
 
 // segments returns the name ranges to scan, in order, for the keys that
-// start with prefix.
-func segments(prefix string) []segment {
+// start with prefix. encodesAll is true when the backend's Name encodes
+// every key that starts with prefix.
+func segments(prefix string, encodesAll bool) []segment {
 	if prefix == "" {
 		return []segment{{}} // every name, verbatim or encoded
 	}
 	enc := "~" + base64.RawURLEncoding.EncodeToString([]byte(prefix[:len(prefix)/3*3]))
 	encoded := segment{lo: enc, hi: enc[:len(enc)-1] + string(enc[len(enc)-1]+1), stop: enc}
-	if prefix[0] == '~' {
-		return []segment{encoded} // Name encodes every key that starts with "~"
+	if prefix[0] == '~' || encodesAll {
+		return []segment{encoded} // Name encodes every key that starts with prefix
 	}
 	// The verbatim names under prefix are valid UTF-8: they start with the
 	// prefix's longest valid head, and when the rest is more than an
@@ -280,20 +285,19 @@ func (l *Lock) List(ctx context.Context, q store.ListQuery) (store.Page, error) 
 	if err := store.ValidateQuery(q); err != nil {
 		return store.Page{}, err
 	}
-	segs := segments(q.Prefix)
-	seg, after := 0, ""
-	if q.Cursor != "" {
-		var err error
-		if seg, after, err = l.position(q, len(segs)); err != nil {
-			return store.Page{}, err
-		}
-	}
 	fail := func(err error) (store.Page, error) {
 		return store.Page{}, fmt.Errorf("%s: list %q: %w", l.name, q.Prefix, err)
 	}
 	ops, err := l.ops()
 	if err != nil {
 		return fail(err)
+	}
+	segs := segments(q.Prefix, ops.EncodesAll(q.Prefix))
+	seg, after := 0, ""
+	if q.Cursor != "" {
+		if seg, after, err = l.position(q, len(segs)); err != nil {
+			return store.Page{}, err
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)

@@ -22,6 +22,7 @@ import (
 type opStore struct {
 	*memStore
 	utf16   bool
+	slash   bool // Name encodes keys that contain "/", as Firestore's does
 	scans   int
 	scanned int
 	// beforeDelete, when set, runs before a Delete looks at the record.
@@ -32,12 +33,14 @@ type opStore struct {
 	loseWrites bool
 }
 
-func testName(key string) string {
-	if utf8.ValidString(key) && !strings.HasPrefix(key, "~") {
+func (o *opStore) name(key string) string {
+	if utf8.ValidString(key) && !strings.HasPrefix(key, "~") && !(o.slash && strings.Contains(key, "/")) {
 		return key
 	}
 	return "~" + base64.RawURLEncoding.EncodeToString([]byte(key))
 }
+
+func (o *opStore) EncodesAll(prefix string) bool { return o.slash && strings.Contains(prefix, "/") }
 
 func (o *opStore) KeyOf(name string) (string, bool) {
 	key := name
@@ -48,7 +51,7 @@ func (o *opStore) KeyOf(name string) (string, bool) {
 		}
 		key = string(raw)
 	}
-	return key, testName(key) == name
+	return key, o.name(key) == name
 }
 
 func (o *opStore) less(a, b string) bool {
@@ -89,7 +92,7 @@ func (o *opStore) Scan(_ context.Context, rng NameRange, limit int) ([]Row, bool
 	o.scans++
 	var rows []Row
 	for key, r := range o.recs {
-		n := testName(key)
+		n := o.name(key)
 		switch {
 		case rng.After != "" && !o.less(rng.After, n),
 			rng.After == "" && o.less(n, rng.From),
@@ -154,21 +157,21 @@ func listAll(t *testing.T, l *Lock, o *opStore, q store.ListQuery) []string {
 var oddKeys = []string{
 	"", "a", "ab", "abc", "abcd", "abd", "ac", "b", "~", "~a", "~ab", "~abc", "a~", "a\xff", "ab\xff", "\xff", "\xffa",
 	"\xc3", "\xc3\xa9", "\xc3\xa9x", "éa", "\ud7fe", "\ud7ff", "\ud7ffa", "\ue000", "\uffff", "\uffffz", "\U00010000",
-	"\U0010ffff", "\U0010ffffa", "z", "zz", "~probe!", "_", "__x__", "x/y", ".",
+	"\U0010ffff", "\U0010ffffa", "z", "zz", "~probe!", "_", "__x__", "x/y", "x/", "x/yz", "x0", "/", "/a", ".",
 }
 
 // Following Next lists exactly the keys under the prefix, in the state
 // asked, each once, whatever the prefix and whichever order the service
 // compares names in, reading no more than the limit per call.
 func TestListReportsEachKeyUnderThePrefixOnce(t *testing.T) {
-	for _, order := range []bool{false, true} {
+	for _, v := range []struct{ utf16, slash bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
 		now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		l, o := newOpLock(func() time.Time { return now })
-		o.utf16 = order
+		o.utf16, o.slash = v.utf16, v.slash
 		ctx := t.Context()
 		var keys []string
 		for _, k := range oddKeys {
-			if k == "" || strings.HasPrefix(testName(k), "~probe") {
+			if k == "" || strings.HasPrefix(o.name(k), "~probe") {
 				continue
 			}
 			keys = append(keys, k)
@@ -206,7 +209,7 @@ func TestListReportsEachKeyUnderThePrefixOnce(t *testing.T) {
 				slices.Sort(got)
 				slices.Sort(want)
 				if !slices.Equal(got, want) {
-					t.Errorf("utf16 %v, prefix %q, state %v, limit %d: listed %q, want %q", order, p, state, q.Limit, got, want)
+					t.Errorf("%+v, prefix %q, state %v, limit %d: listed %q, want %q", v, p, state, q.Limit, got, want)
 				}
 			}
 		}

@@ -81,6 +81,10 @@ func (q requests) Delete(ctx context.Context, key string, base int64) (bool, err
 // KeyOf is the inverse of Name.
 func (q requests) KeyOf(name string) (string, bool) { return keyOf(name) }
 
+// EncodesAll is false: Name encodes no prefix's keys all but those that
+// start with "~".
+func (q requests) EncodesAll(string) bool { return false }
+
 // nameKey is the key of the entity named name.
 func (b *Backend) nameKey(name string) *pb.Value {
 	k := b.dsKey("")
@@ -149,7 +153,12 @@ func (q requests) Scan(ctx context.Context, rng doclock.NameRange, limit int) (r
 			}
 			rows = append(rows, doclock.Row{Name: path[0].GetName(), Rec: r})
 		}
-		done = batch.GetMoreResults() == pb.QueryResultBatch_NO_MORE_RESULTS
+		// A batch that stops short of the limit without NOT_FINISHED
+		// is the last: the emulator reports MORE_RESULTS_AFTER_LIMIT for
+		// every query with a limit, and NOT_FINISHED when it stops a
+		// batch at 300 entities.
+		more := batch.GetMoreResults()
+		done = more == pb.QueryResultBatch_NO_MORE_RESULTS || (more != pb.QueryResultBatch_NOT_FINISHED && len(rows) < limit)
 		return nil
 	})
 	return rows, done, rd, err

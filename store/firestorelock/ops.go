@@ -95,8 +95,18 @@ func (q requests) Delete(ctx context.Context, key string, base int64) (applied b
 	return applied, lost, err
 }
 
+// validID reports whether id may be a document ID in a query's bound:
+// what Name leaves verbatim, "" aside.
+func validID(id string) bool {
+	return id != "" && Name(id) == id || strings.HasPrefix(id, "~") && !strings.Contains(id, "/")
+}
+
 // KeyOf is the inverse of Name.
 func (q requests) KeyOf(id string) (string, bool) { return keyOf(id) }
+
+// EncodesAll reports whether prefix contains "/": Name encodes every key
+// that does.
+func (q requests) EncodesAll(prefix string) bool { return strings.Contains(prefix, "/") }
 
 // Scan is a RunQuery of the collection's documents whose IDs lie in rng,
 // ordered by __name__.
@@ -108,6 +118,19 @@ func (q requests) Scan(ctx context.Context, rng doclock.NameRange, limit int) (r
 			Op:    op,
 			Value: &pb.Value{ValueType: &pb.Value_ReferenceValue{ReferenceValue: b.docs + id}},
 		}}}
+	}
+	// Bounds that are no document ID: a lower bound that Name would
+	// encode ("." or "..", or reserved as __.*__: no record is named by
+	// it, and the least ID above it is itself plus "\x01", as no key
+	// holds a NUL; a "/" cannot occur, as List scans verbatim IDs only for
+	// prefixes without one), and an upper bound that is no ID (with "/",
+	// the successor of a prefix ending in ".", or reserved), left off:
+	// List ends the scan at the first ID outside the prefix.
+	if rng.From != "" && !validID(rng.From) {
+		rng.From += "\x01"
+	}
+	if !validID(rng.To) {
+		rng.To = ""
 	}
 	var filters []*pb.StructuredQuery_Filter
 	switch {
@@ -133,7 +156,7 @@ func (q requests) Scan(ctx context.Context, rng doclock.NameRange, limit int) (r
 		}}}
 	}
 	err = b.retry(ctx, func() error {
-		rows, done = nil, false
+		rows = nil
 		var readAt, recv time.Time
 		sent := b.now()
 		cctx, cancel := context.WithCancel(b.ctx(ctx))
@@ -171,9 +194,6 @@ func (q requests) Scan(ctx context.Context, rng doclock.NameRange, limit int) (r
 				}
 				rows = append(rows, doclock.Row{Name: id, Rec: r})
 			}
-			if m.GetDone() {
-				done = true
-			}
 		}
 		if recv.IsZero() {
 			recv = b.now()
@@ -183,8 +203,9 @@ func (q requests) Scan(ctx context.Context, rng doclock.NameRange, limit int) (r
 			return err
 		}
 		// The stream ends after the last result: fewer documents than the
-		// limit means the range holds no more.
-		done = done || len(rows) < limit
+		// limit means the range holds no more. (Its done flag does not
+		// tell: it is set on the last reply of a query its limit cut.)
+		done = len(rows) < limit
 		return nil
 	})
 	return rows, done, rd, err
