@@ -31,8 +31,8 @@ func (b *Backend) Inspect(ctx context.Context, key string) (store.Record, bool, 
 // store.DefaultListLimit) with one query, or a few when the emulator
 // returns a batch in parts or the listing moves from one range of names
 // to the next. The entities are read in the order of their names (see
-// [Name]): first the keys stored verbatim, then those stored as "~" +
-// base64url, which are read from the range of names that the prefix's
+// [Name]); under a non-empty prefix, first the keys stored verbatim, then
+// those stored as "~" + base64url, which are read from the range of names that the prefix's
 // whole 3-byte groups encode to. Records of another state, and encoded
 // names outside the prefix, count against the bound without being
 // reported: a page may be short, even empty, while Next is set. Next is

@@ -34,8 +34,8 @@ func (b *Backend) Inspect(ctx context.Context, key string) (store.Record, bool, 
 // A call reads at most the page's limit of documents (q.Limit, or
 // store.DefaultListLimit) with one query, or two when the listing moves
 // from one range of IDs to the next. The documents are read in the order
-// of their IDs (see [Name]): first the keys stored verbatim, then those
-// stored as "~" + base64url, which are read from the range of IDs that
+// of their IDs (see [Name]); under a non-empty prefix, first the keys
+// stored verbatim, then those stored as "~" + base64url, which are read from the range of IDs that
 // the prefix's whole 3-byte groups encode to. Records of another state,
 // and encoded IDs outside the prefix, count against the bound without
 // being reported: a page may be short, even empty, while Next is set.
