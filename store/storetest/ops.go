@@ -1056,4 +1056,10 @@ func opsLost(t *testing.T, e *opsEnv) {
 	if next.Fence != 1 {
 		t.Fatalf("claim after Forget: fence %d, want 1", next.Fence)
 	}
+	// An operator who retries later, after the key was claimed again,
+	// deletes nothing.
+	e.complete(next, true)
+	fresh := e.mustInspect(d.Key)
+	e.forget(dr, false)
+	e.unchanged(fresh, "a Forget retried after the key was claimed and completed again")
 }

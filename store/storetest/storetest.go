@@ -42,6 +42,19 @@
 // history check) call it only when the backend has it.
 //
 // [CheckHistory] runs the history case on its own, with options.
+//
+// [RunOps] checks the operations interfaces ([store.Operator]: Inspect,
+// List, ForceRelease, Forget) with the same kind of factory, one case per
+// MUST rule of store/ops.go; a backend that does not implement
+// store.Operator fails every one of them. It skips only the case about
+// lost replies, without Faults:
+//
+//	func TestOps(t *testing.T) {
+//		storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+//			// as for Run; ListMayRepeat: true for a List that may report
+//			// a record twice (Redis SCAN)
+//		})
+//	}
 package storetest
 
 import (
