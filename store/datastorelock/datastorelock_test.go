@@ -62,6 +62,37 @@ func TestContractServerClock(t *testing.T) {
 	}
 }
 
+// The operations (store.Operator) by the rules of storetest.RunOps, on the
+// emulator, judged by the backend's own clock (the emulator reports none).
+func TestOps(t *testing.T) {
+	testsvc.Datastore(t)
+	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+		clock := newClock()
+		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f}
+	})
+}
+
+// The operations again, with replies that carry the server's time (as the
+// production service's do) while the backend's own clock is hours off:
+// Inspect and List report the server's time, and ForceRelease ends the
+// lease by it.
+func TestOpsServerClock(t *testing.T) {
+	testsvc.Datastore(t)
+	for _, c := range []struct {
+		name string
+		off  time.Duration
+	}{{"client_ahead", skew}, {"client_behind", -skew}} {
+		t.Run(c.name, func(t *testing.T) {
+			storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+				server := newClock()
+				b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, c.off)))
+				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
+			})
+		})
+	}
+}
+
 // New takes the connection and project as given: it refuses a nil
 // connection, an empty project (it reads none from the environment), an
 // invalid option, and WithClientOptions (it does not dial).

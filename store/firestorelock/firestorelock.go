@@ -62,7 +62,8 @@
 //	fingerprint   string     the payload fingerprint that CompleteFingerprint
 //	                         stored (only on a Done record that has one)
 //
-// Only expires_at is queried (by PurgeExpired). A TTL policy on it lets
+// Of the fields, only expires_at is queried (by PurgeExpired; List queries
+// document names, which the built-in index serves). A TTL policy on it lets
 // Firestore delete expired records by itself (typically within a day
 // after expires_at, never before):
 //

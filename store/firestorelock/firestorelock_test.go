@@ -49,6 +49,36 @@ func TestContractServerClock(t *testing.T) {
 	}
 }
 
+// The operations (store.Operator) by the rules of storetest.RunOps, on the
+// emulator, with the server's time driven by the test.
+func TestOps(t *testing.T) {
+	testsvc.Firestore(t)
+	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+		server := newClock()
+		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
+		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
+	})
+}
+
+// The operations again with the backend's own clock hours off the
+// server's: Inspect and List report the server's time, and ForceRelease
+// ends the lease by it.
+func TestOpsServerClock(t *testing.T) {
+	testsvc.Firestore(t)
+	for _, c := range []struct {
+		name string
+		off  time.Duration
+	}{{"client_ahead", skew}, {"client_behind", -skew}} {
+		t.Run(c.name, func(t *testing.T) {
+			storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+				server := newClock()
+				b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))
+				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
+			})
+		})
+	}
+}
+
 // New takes the connection and project as given: it refuses a nil
 // connection, an empty project (it reads none from the environment), an
 // invalid option, and WithClientOptions (it does not dial).
