@@ -64,6 +64,10 @@
 //     plus, when it found some, 3 per batch of up to 1,000 (a query for
 //     CURRENT_TIMESTAMP() that begins the transaction, a read of those
 //     rows by key, a Commit deleting those still expired).
+//   - Inspect, List: 1 RPC (ExecuteStreamingSql: a single-use strong
+//     read-only query, with CURRENT_TIMESTAMP()).
+//   - ForceRelease, Forget: 2 RPCs (ExecuteSql: one DML statement guarded
+//     by key, fence, state and the token's version; Commit).
 //   - CompleteTx: the body's own RPCs plus an ExecuteSql (the Done mark's
 //     DML statement) and the Commit they share (TestCompleteTxRPCs): one
 //     RPC fewer than the body's transaction followed by Complete.

@@ -47,6 +47,23 @@ func TestContract(t *testing.T) {
 	})
 }
 
+// The operations suite (store.Operator) on the emulator, in real time, as
+// TestContract: each case has a database of its own, reached through a
+// DropProxy by a client that can lose a Commit's reply.
+func TestOps(t *testing.T) {
+	testsvc.Spanner(t)
+	const ttl = 10 * time.Second
+	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
+		p := testsvc.NewDropProxy(t, testsvc.Spanner(t))
+		r := &rpcs{}
+		b, err := spannerlock.New(newClient(t, database(t), p.Addr(), r), spannerlock.WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: faults{r: r, p: p}}
+	})
+}
+
 const (
 	// historyCase is the name of the suite's history case.
 	historyCase = "concurrent_histories_are_linearizable_with_leases_that_lapse"
