@@ -172,6 +172,15 @@ func newGuardConfig(fn string, b store.Backend, opts []Option) *config {
 func (c *config) guard(b store.Backend, h CloudEventFunc, txOf func(event.Event) txFunc) CloudEventFunc {
 	var warned atomic.Bool // warned since DisableEnv was last seen unset
 	return func(ctx context.Context, e event.Event) error {
+		// PushHandler's out-parameter for the delivery's span context
+		// belongs to this call alone: the handler's context no longer
+		// carries it, so that a delivery the handler runs with that
+		// context (nested, in parallel, or after this call returned)
+		// cannot write it.
+		spanOut, _ := ctx.Value(pushSpanKey{}).(*context.Context)
+		if spanOut != nil {
+			ctx = context.WithValue(ctx, pushSpanKey{}, (*context.Context)(nil))
+		}
 		if disabled() {
 			if txOf != nil {
 				return nackable(fmt.Errorf("%s event %q: %s is set, and a transactional handler cannot run without its backend's transaction; nacking", errPrefix, e.ID(), DisableEnv))
@@ -188,11 +197,13 @@ func (c *config) guard(b store.Backend, h CloudEventFunc, txOf func(event.Event)
 		if b == nil {
 			return nackable(fmt.Errorf("%s event %q: nil backend (%s was set when the wrapper was built, and is not now); refusing to run the handler unguarded", errPrefix, e.ID(), DisableEnv))
 		}
-		return c.deliver(ctx, b, h, txOf, e)
+		return c.deliver(ctx, b, h, txOf, e, spanOut)
 	}
 }
 
-func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, txOf func(event.Event) txFunc, e event.Event) error {
+// deliver runs one guarded delivery of e; when spanOut is set (by
+// PushHandler), it sets *spanOut to the context with the delivery's span.
+func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc, txOf func(event.Event) txFunc, e event.Event, spanOut *context.Context) error {
 	if c.msgTrace {
 		ctx = messageTrace(ctx, e)
 	}
@@ -236,8 +247,8 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 	} else {
 		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false, &spanCtx)
 	}
-	if p, ok := ctx.Value(pushSpanKey{}).(*context.Context); ok {
-		*p = spanCtx
+	if spanOut != nil {
+		*spanOut = spanCtx
 	}
 	ctx = spanCtx
 	if ran {

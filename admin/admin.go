@@ -246,6 +246,9 @@ func after(ctx context.Context, b store.Inspector, ch Change) (Change, error) {
 // difference. Backends store expires-at rounded to their unit (Redis and
 // SQL: a millisecond; Datastore, Firestore, Spanner: a microsecond), so a
 // completion within that unit of a bound may fall on either side of it.
+// A record whose expires-at is [store.MaxInstant] (done for good, as
+// redislock reports a key someone made persistent) has no completion
+// time: a window (DoneFrom or DoneBefore) never selects it.
 type Filter struct {
 	// Prefix selects the keys that start with it. It is required: an
 	// empty Prefix is refused unless All is set.
@@ -302,6 +305,10 @@ func DoneAt(r store.Record, ttl time.Duration) time.Time {
 func (f Filter) match(r store.Record) bool {
 	if r.State != store.Done {
 		return false
+	}
+	windowed := !f.DoneFrom.IsZero() || !f.DoneBefore.IsZero()
+	if windowed && !r.ExpiresAt.Before(store.MaxInstant) {
+		return false // no completion time: done for good
 	}
 	at := DoneAt(r, f.ttl())
 	if !f.DoneFrom.IsZero() && at.Before(f.DoneFrom) {

@@ -253,7 +253,13 @@ func TestMariaDB(t *testing.T) {
 }
 
 func TestSQLite(t *testing.T) {
-	session(t, "sqlite://"+filepath.Join(t.TempDir(), "idem.db")+"?table=idemctl", true, ensureSchema(t))
+	// The service creates the database; idemctl only opens it. An empty
+	// file is an empty SQLite database.
+	path := filepath.Join(t.TempDir(), "idem.db")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	session(t, "sqlite://"+path+"?table=idemctl", true, ensureSchema(t))
 }
 
 func TestDatastore(t *testing.T) {

@@ -166,7 +166,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	c := &cli{stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("idemctl "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.o.store, "store", getenv("IDEMCTL_STORE"), "the store's `URL` (default $IDEMCTL_STORE)")
+	// No flag default from the environment: the usage would print it,
+	// password included.
+	fs.StringVar(&c.o.store, "store", "", "the store's `URL` (default $IDEMCTL_STORE)")
 	fs.BoolVar(&c.o.json, "json", false, "print one JSON document")
 	fs.DurationVar(&c.o.ttl, "ttl", store.DefaultTTL, "the ttl your service's backend applies (its WithTTL)")
 	fs.DurationVar(&c.o.timeout, "timeout", time.Minute, "give up after `D`")
@@ -195,6 +197,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		key = pos[0]
 	case cmd.key && !cmd.optionalKey:
 		return c.usageError(fs, "%s needs a KEY", cmd.name)
+	}
+	if c.o.store == "" {
+		c.o.store = getenv("IDEMCTL_STORE")
 	}
 	if c.o.store == "" {
 		return c.usageError(fs, "no store: pass --store URL or set IDEMCTL_STORE")

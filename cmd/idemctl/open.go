@@ -41,7 +41,7 @@ const storeHelp = `Store URLs (--store, or $IDEMCTL_STORE):
   redis://[user:password@]host:port[/db][?prefix=idempotency:]   (rediss:// for TLS)
   postgres://user:password@host:port/db[?sslmode=..][&table=idempotency_keys]
   mysql://user:password@host:port/db[?table=idempotency_keys]     (MySQL 8, MariaDB)
-  sqlite:///path/to/file.db[?table=idempotency_keys]
+  sqlite:///path/to/file.db[?table=idempotency_keys]                (an existing database)
   datastore://PROJECT[?namespace=..][&kind=IdempotencyKey][&database=..]
   firestore://PROJECT[?collection=idempotency_keys][&database=(default)]
   spanner://projects/P/instances/I/databases/D[?table=IdempotencyKeys]
@@ -58,7 +58,13 @@ Google Cloud backends use Application Default Credentials.`
 func openStore(ctx context.Context, rawURL string, ttl time.Duration) (backend, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return backend{}, fmt.Errorf("%w: %w", errStoreURL, err)
+		// Not err itself: a *url.Error quotes the whole URL, password
+		// included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return backend{}, fmt.Errorf("%w: the URL does not parse: %v", errStoreURL, err)
 	}
 	q := u.Query()
 	// take removes and returns the option name of q.
@@ -125,7 +131,10 @@ func openStore(ctx context.Context, rawURL string, ttl time.Duration) (backend, 
 		if u.Host != "" || path == "" {
 			return backend{}, fmt.Errorf("%w: sqlite:///path/to/file.db (three slashes, then the path)", errStoreURL)
 		}
-		db, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+		// mode=rw: the database must exist. A tool that inspects a
+		// service's store never creates one (a mistyped path would
+		// otherwise leave an empty database file behind).
+		db, err := sql.Open("sqlite", "file:"+path+"?mode=rw&_pragma=busy_timeout(10000)")
 		if err != nil {
 			return backend{}, fmt.Errorf("%w: %w", errStoreURL, err)
 		}

@@ -75,14 +75,22 @@ func inspectReply(key string, cmd *redis.Cmd) (rec store.Record, token string, o
 	if err != nil {
 		return store.Record{}, "", false, err
 	}
-	bad := fmt.Errorf("unexpected reply %v", v)
+	// The reply as the error quotes it: without the token (a record's
+	// seventh element), which only its holder may know.
+	bad := func() error {
+		quoted := slices.Clone(v)
+		if len(quoted) > 6 {
+			quoted[6] = "(token)"
+		}
+		return fmt.Errorf("unexpected reply %v", quoted)
+	}
 	if len(v) < 2 {
-		return store.Record{}, "", false, bad
+		return store.Record{}, "", false, bad()
 	}
 	kind, ok1 := v[0].(int64)
 	now, ok2 := v[1].(int64)
 	if !ok1 || !ok2 {
-		return store.Record{}, "", false, bad
+		return store.Record{}, "", false, bad()
 	}
 	switch {
 	case kind == 0 && len(v) == 2:
@@ -90,7 +98,7 @@ func inspectReply(key string, cmd *redis.Cmd) (rec store.Record, token string, o
 	case kind == -1 && len(v) == 3:
 		return store.Record{}, "", false, fmt.Errorf("%w: the key holds no record: %v", errNotARecord, v[2])
 	case kind != 1 || len(v) != 8:
-		return store.Record{}, "", false, bad
+		return store.Record{}, "", false, bad()
 	}
 	state, _ := v[2].(string)
 	fence, okF := v[3].(int64)
@@ -99,7 +107,7 @@ func inspectReply(key string, cmd *redis.Cmd) (rec store.Record, token string, o
 	token, okT := v[6].(string)
 	fp, okP := v[7].(string)
 	if !okF || !okL || !okE || !okT || !okP {
-		return store.Record{}, "", false, bad
+		return store.Record{}, "", false, bad()
 	}
 	rec = store.Record{Key: key, Fence: fence, Fingerprint: fp, Version: store.VersionOf(token), Now: time.UnixMilli(now)}
 	switch state {
@@ -109,7 +117,7 @@ func inspectReply(key string, cmd *redis.Cmd) (rec store.Record, token string, o
 	case "d":
 		rec.State = store.Done
 	default:
-		return store.Record{}, "", false, bad
+		return store.Record{}, "", false, bad()
 	}
 	if expires < 0 {
 		rec.ExpiresAt = store.MaxInstant
