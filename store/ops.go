@@ -185,7 +185,12 @@ type ForceReleaser interface {
 	// lease live or lapsed, it sets the lease expiry to now and increments
 	// the fence, as the holder's own Release would. The next Claim wins
 	// the key at once, and the old holder's Complete, Release and Extend
-	// fail from then on, as for any replaced holder.
+	// fail from then on, as for any replaced holder. One call of the old
+	// holder may still be in flight: a Claim retried after a lost reply
+	// matches its own token and may report Won with the raised fence and
+	// a lease that has already lapsed, a holder that the next Claim
+	// replaces like any lapsed one. Release the key when its holder is
+	// gone, not while its Claim may still be retrying.
 	//
 	// It returns true when it released the record. It returns false, nil,
 	// changing nothing, when the record is gone, Done, or no longer the
