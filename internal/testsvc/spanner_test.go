@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The emulator answers, clients in this process find it through
@@ -43,11 +44,19 @@ func TestStartSpannerKillEndsTheWholeTree(t *testing.T) {
 		t.Fatal("gateway_main started no emulator_main")
 	}
 	p.Kill()
+	// SIGKILL is delivered asynchronously: a child may still be running
+	// for a moment after Kill returns, so each gets a few seconds to die
+	// (gone, or a zombie awaiting its reaper).
+	alive := func(pid int) bool {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		return err == nil && !strings.Contains(string(b), ") Z ")
+	}
 	for _, pid := range kids {
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
-			if b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); !strings.Contains(string(b), ") Z ") {
-				t.Errorf("child %d outlived Kill", pid)
-			}
+		for deadline := time.Now().Add(10 * time.Second); alive(pid) && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if alive(pid) {
+			t.Errorf("child %d outlived Kill by 10 s", pid)
 		}
 	}
 	if _, err := spannerCall("GET", rest, "/v1/projects/"+SpannerProject+"/instances", nil); err == nil {
