@@ -261,8 +261,12 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 }
 
 // claimReply reads claim.lua's reply: outcome, fence and instant, and the
-// fingerprint that follows them for AlreadyDone.
+// fingerprint that follows them for AlreadyDone. A fresh key's win is one
+// integer, the lease expiry (outcome 1, fence 1).
 func claimReply(cmd *redis.Cmd) (reply [3]int64, fp string, err error) {
+	if lease, ok := cmd.Val().(int64); ok {
+		return [3]int64{1, 1, lease}, "", nil
+	}
 	v, err := cmd.Slice()
 	if err != nil || len(v) < 3 || len(v) > 4 {
 		return reply, "", fmt.Errorf("unexpected reply %v (%v)", cmd.Val(), err)
