@@ -121,7 +121,8 @@ func BenchmarkFramework(b *testing.B) {
 				url := framework(b, h) + "/"
 				tr := &http.Transport{MaxIdleConnsPerHost: max(2, workers)}
 				defer tr.CloseIdleConnections()
-				client := &http.Client{Transport: tr}
+				// A delivery that takes a minute is a failure, not a wait.
+				client := &http.Client{Transport: tr, Timeout: time.Minute}
 				run := func(id string) error {
 					resp, err := client.Do(push(url, id))
 					if err != nil {
