@@ -1,5 +1,6 @@
 -- claim.lua: create, reclaim or report the record for one key, atomically.
--- Runs after record.lua (the format and its functions).
+-- Runs after claim_fresh.lua (the fresh key's path, which sets n, lease,
+-- expires and old) and record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  lease in milliseconds (integer > 0)
@@ -34,33 +35,14 @@
 -- two commands: TIME, and a SET NX ... GET that creates the record or
 -- returns the one there.
 --
--- The fresh path is what most deliveries run, and Redis spends more on the
--- script's own Lua than on its two commands: it converts no number with
--- tonumber or string.format that it can leave to Lua's arithmetic on
--- strings and to redis.call (which writes a number with 17 significant
--- digits: exact for every integer up to 2^53), and returns one integer.
+-- The fresh path (claim_fresh.lua) is what most deliveries run; it comes
+-- before record.lua, whose functions it does not need.
 if ARGV[4] == 'resend' then
   local s, f, at, t = load_record(KEYS[1])
   if s == 'c' and t == ARGV[3] then
     return {1, f, at}
   end
   return {4, f or 0, 0}
-end
-local t = redis.call('TIME')
-local n = t[1] * 1000 + math.floor(t[2] / 1000)
-local lease = n + ARGV[1]
-local expires = lease + ARGV[2]
--- Lua writes a number below 10^14 in full ('%.14g'); claimed_value's
--- string.format covers the rest.
-local v
-if lease < 1e14 then
-  v = 'c1,' .. lease .. ',' .. ARGV[3]
-else
-  v = claimed_value(1, lease, ARGV[3])
-end
-local old = redis.pcall('SET', KEYS[1], v, 'NX', 'PXAT', expires, 'GET')
-if not old then
-  return lease
 end
 local s, f, at, t, fp = decode(KEYS[1], old)
 if s == 'd' then

@@ -1,5 +1,6 @@
 -- complete.lua: mark a claimed record done if the caller's claim is current.
--- Runs after record.lua (the format and its functions).
+-- Runs after complete_fast.lua (a string record's path, which sets v, the
+-- record's value) and record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  the caller's fence
@@ -18,31 +19,6 @@
 --
 -- A done record expires at completion time + ttl, by the server's clock
 -- (SET ... PX ttl): two commands, GET and SET.
---
--- A string record (every record but the earlier format's hashes) is read
--- in place, its fence compared as the decimal string it is (both sides are
--- written without leading zeros), with no number conversion: Redis spends
--- more on a script's own Lua than on its commands.
-local v = redis.pcall('GET', KEYS[1])
-if not v then
-  return 0
-end
-if type(v) == 'string' then
-  local s, f, t = string.match(v, '^([cd])(%d+),%d*,([^,]*)')
-  if s then
-    if f ~= ARGV[1] or t ~= ARGV[3] then
-      return 0
-    end
-    if s == 'd' then
-      return 1
-    end
-    if ARGV[4] ~= '' then
-      t = t .. ',' .. ARGV[4]
-    end
-    redis.call('SET', KEYS[1], 'd' .. f .. ',,' .. t, 'PX', ARGV[2])
-    return 1
-  end
-end
 local s, f, _, t = decode(KEYS[1], v)
 if not s or f ~= tonumber(ARGV[1]) or t ~= ARGV[3] then
   return 0

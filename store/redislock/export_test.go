@@ -7,4 +7,4 @@ func OnResend(b *Backend, f func(attempt int)) { b.resending = f }
 
 // ClaimLua is claim.lua's source, for tests that run it inside a MULTI
 // beside a script that sets the instant it judges.
-var ClaimLua = recordLua + claimLua
+var ClaimLua = claimFreshLua + recordLua + claimLua

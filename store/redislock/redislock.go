@@ -61,8 +61,12 @@ import (
 var (
 	//go:embed record.lua
 	recordLua string
+	//go:embed claim_fresh.lua
+	claimFreshLua string
 	//go:embed claim.lua
 	claimLua string
+	//go:embed complete_fast.lua
+	completeFastLua string
 	//go:embed complete.lua
 	completeLua string
 	//go:embed release.lua
@@ -70,8 +74,10 @@ var (
 	//go:embed extend.lua
 	extendLua string
 
-	claimScript    = newScript(recordLua + claimLua)
-	completeScript = newScript(recordLua + completeLua)
+	// Claim's and Complete's common paths come before record.lua: they
+	// return before Redis builds its functions.
+	claimScript    = newScript(claimFreshLua + recordLua + claimLua)
+	completeScript = newScript(completeFastLua + recordLua + completeLua)
 	releaseScript  = newScript(recordLua + releaseLua)
 	extendScript   = newScript(recordLua + extendLua)
 )
