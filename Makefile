@@ -64,11 +64,22 @@ fuzz:
 # One table: each backend's Lock beside its baselines (plain writes, naive
 # transactions, ...) at 1 and 16 workers, with the ratio, from one run
 # (docs/performance.md). A backend whose server is missing gets a note row.
-# BENCHTIME and BENCHCOUNT override -benchtime and -count.
+# BENCHTIME and BENCHCOUNT override -benchtime and -count. Then
+# scripts/benchstat.sh prints benchstat's comparisons (with confidence
+# intervals) of Redis, PostgreSQL and the wrapper through the functions
+# framework, from rounds that alternate (`make bench-stat` alone; ROUNDS
+# and STATTIME override its 6 rounds of -benchtime 2000x).
 BENCHTIME ?= 500ms
 BENCHCOUNT ?= 3
+ROUNDS ?= 6
+STATTIME ?= 2000x
 bench:
 	go run ./internal/benchtable -benchtime $(BENCHTIME) -count $(BENCHCOUNT)
+	ROUNDS=$(ROUNDS) BENCHTIME=$(STATTIME) ./scripts/benchstat.sh
+
+.PHONY: bench-stat
+bench-stat:
+	ROUNDS=$(ROUNDS) BENCHTIME=$(STATTIME) ./scripts/benchstat.sh
 
 # Every benchmark of every module, three times, as go test prints them.
 bench-all:

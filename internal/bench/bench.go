@@ -3,6 +3,7 @@ package bench
 
 import (
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,4 +49,26 @@ func CPU(b *testing.B) (report func()) {
 			b.ReportMetric(float64(end-start)/float64(b.N), "cpu-ns/op")
 		}
 	}
+}
+
+// Warm runs n deliveries on each of workers goroutines at once, with keys
+// of its own, before a benchmark's timer starts: it opens the connections
+// the workers will use and takes each past its first executions of a
+// statement (PostgreSQL plans a prepared statement afresh for each of its
+// first five executions on a connection), so that the benchmark measures
+// the steady state a long-running consumer is in.
+func Warm(b *testing.B, workers, n int, run func(key string) error) {
+	b.Helper()
+	var wg sync.WaitGroup
+	for w := range max(1, workers) {
+		wg.Go(func() {
+			for i := range n {
+				if err := run(fmt.Sprintf("warm-up-%d-%d", w, i)); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -1,5 +1,6 @@
 -- claim.lua: create, reclaim or report the record for one key, atomically.
--- Runs after record.lua (the format and its functions).
+-- Runs after claim_fresh.lua (the fresh key's path, which sets n, lease,
+-- expires and old) and record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  lease in milliseconds (integer > 0)
@@ -8,7 +9,9 @@
 -- ARGV[4]  "resend" when an earlier attempt of this call may have run and
 --          its reply was lost; absent otherwise
 --
--- Returns {outcome, fence, instant_ms[, fingerprint]}:
+-- Returns lease_expiry (an integer, not a table) when it won a key that had
+-- no record: the claim's fence is 1. Otherwise
+-- {outcome, fence, instant_ms[, fingerprint]}:
 --   {1, fence, lease_expiry}  won, or re-affirmed: the record is claimed
 --                             with this token, so an earlier attempt of this
 --                             same call won and its reply was lost. The
@@ -31,19 +34,15 @@
 -- then. Time is the server's (TIME), never a client's. A fresh key costs
 -- two commands: TIME, and a SET NX ... GET that creates the record or
 -- returns the one there.
+--
+-- The fresh path (claim_fresh.lua) is what most deliveries run; it comes
+-- before record.lua, whose functions it does not need.
 if ARGV[4] == 'resend' then
   local s, f, at, t = load_record(KEYS[1])
   if s == 'c' and t == ARGV[3] then
     return {1, f, at}
   end
   return {4, f or 0, 0}
-end
-local n = now()
-local lease = n + tonumber(ARGV[1])
-local expires = lease + tonumber(ARGV[2])
-local old = redis.pcall('SET', KEYS[1], claimed_value(1, lease, ARGV[3]), 'NX', 'PXAT', string.format('%d', expires), 'GET')
-if not old then
-  return {1, 1, lease}
 end
 local s, f, at, t, fp = decode(KEYS[1], old)
 if s == 'd' then

@@ -1,5 +1,6 @@
 -- complete.lua: mark a claimed record done if the caller's claim is current.
--- Runs after record.lua (the format and its functions).
+-- Runs after complete_fast.lua (a string record's path, which sets v, the
+-- record's value) and record.lua (the format and its functions).
 --
 -- KEYS[1]  the record's Redis key
 -- ARGV[1]  the caller's fence
@@ -18,7 +19,7 @@
 --
 -- A done record expires at completion time + ttl, by the server's clock
 -- (SET ... PX ttl): two commands, GET and SET.
-local s, f, _, t = load_record(KEYS[1])
+local s, f, _, t = decode(KEYS[1], v)
 if not s or f ~= tonumber(ARGV[1]) or t ~= ARGV[3] then
   return 0
 end

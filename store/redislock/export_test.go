@@ -9,7 +9,7 @@ func OnResend(b *Backend, f func(attempt int)) { b.resending = f }
 
 // ClaimLua is claim.lua's source, for tests that run it inside a MULTI
 // beside a script that sets the instant it judges.
-var ClaimLua = recordLua + claimLua
+var ClaimLua = claimFreshLua + recordLua + claimLua
 
 // SeenInCursor is how many keys of a SCAN reply the cursor next (issued by
 // b for q) carries as already taken: more than 0 when List cut a SCAN

@@ -1,5 +1,6 @@
 -- record.lua: the record's format, put in front of every script (it defines
--- functions only; each script's header states its KEYS and ARGV).
+-- functions only; each script's header states its KEYS and ARGV); behind
+-- claim_fresh.lua and complete_fast.lua, the common paths that need none.
 --
 -- A record is one string under its key:
 --

@@ -61,8 +61,12 @@ import (
 var (
 	//go:embed record.lua
 	recordLua string
+	//go:embed claim_fresh.lua
+	claimFreshLua string
 	//go:embed claim.lua
 	claimLua string
+	//go:embed complete_fast.lua
+	completeFastLua string
 	//go:embed complete.lua
 	completeLua string
 	//go:embed release.lua
@@ -70,8 +74,10 @@ var (
 	//go:embed extend.lua
 	extendLua string
 
-	claimScript    = newScript(recordLua + claimLua)
-	completeScript = newScript(recordLua + completeLua)
+	// Claim's and Complete's common paths come before record.lua: they
+	// return before Redis builds its functions.
+	claimScript    = newScript(claimFreshLua + recordLua + claimLua)
+	completeScript = newScript(completeFastLua + recordLua + completeLua)
 	releaseScript  = newScript(recordLua + releaseLua)
 	extendScript   = newScript(recordLua + extendLua)
 )
@@ -261,8 +267,12 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 }
 
 // claimReply reads claim.lua's reply: outcome, fence and instant, and the
-// fingerprint that follows them for AlreadyDone.
+// fingerprint that follows them for AlreadyDone. A fresh key's win is one
+// integer, the lease expiry (outcome 1, fence 1).
 func claimReply(cmd *redis.Cmd) (reply [3]int64, fp string, err error) {
+	if lease, ok := cmd.Val().(int64); ok {
+		return [3]int64{1, 1, lease}, "", nil
+	}
 	v, err := cmd.Slice()
 	if err != nil || len(v) < 3 || len(v) > 4 {
 		return reply, "", fmt.Errorf("unexpected reply %v (%v)", cmd.Val(), err)

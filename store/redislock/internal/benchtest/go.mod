@@ -9,17 +9,20 @@ replace (
 )
 
 require (
+	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/bsm/redislock v0.9.4
+	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
 require (
+	cloud.google.com/go/functions v1.19.3 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/cloudevents/sdk-go/v2 v2.16.2 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/uuid v1.6.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect

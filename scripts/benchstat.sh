@@ -1,0 +1,46 @@
+#!/bin/sh
+# Prints benchstat's comparisons (medians with 95% confidence intervals,
+# and each difference's p-value) of what Lock costs beside its baselines
+# where users feel it (docs/performance.md):
+#
+#   - Redis: Lock beside bsm/redislock's Obtain + Release and two plain
+#     writes, at 1 and 16 workers: deliveries/s, redis-server's time per
+#     delivery (INFO commandstats) and CPU time per delivery;
+#   - PostgreSQL: Lock beside INSERT ... ON CONFLICT DO NOTHING + UPDATE,
+#     at 1 and 16 workers: deliveries/s, server and client CPU per delivery;
+#   - the wrapper: a push through the functions framework over loopback TCP
+#     to Idempotent on redislock, beside a handler making two plain writes.
+#
+# Each round runs every benchmark once, side by side, and the rounds
+# alternate (ROUNDS of them, 6 by default), so that a machine whose load
+# drifts moves every side alike. BENCHTIME sets -benchtime (2000x).
+# benchstat comes from the module proxy, pinned.
+set -eu
+BENCHSTAT="go run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da"
+MOD=github.com/gcp-pubsub-idempotency/idempotency
+ROUNDS=${ROUNDS:-6}
+BENCHTIME=${BENCHTIME:-2000x}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+go test -c -o "$tmp/redis.test" $MOD/store/redislock/internal/benchtest
+go test -c -o "$tmp/sql.test" $MOD/store/sqllock/internal/enginetest
+i=0
+while [ "$i" -lt "$ROUNDS" ]; do
+	i=$((i + 1))
+	echo "round $i of $ROUNDS" >&2
+	"$tmp/redis.test" -test.run '^$' -test.bench 'ServerTime|Framework' -test.benchtime "$BENCHTIME" >>"$tmp/redis.txt"
+	"$tmp/sql.test" -test.run '^$' -test.bench 'ServerCPU' -test.benchtime "$BENCHTIME" >>"$tmp/sql.txt"
+done
+
+echo "## Redis: Lock beside bsm/redislock Obtain + Release"
+$BENCHSTAT -filter '.name:ServerTime' -col '/impl@(bsm-obtain-release lock)' "$tmp/redis.txt"
+echo
+echo "## Redis: Lock beside two plain writes (SET NX PX, SET XX PX)"
+$BENCHSTAT -filter '.name:ServerTime' -col '/impl@(baseline-2-round-trips lock)' "$tmp/redis.txt"
+echo
+echo "## PostgreSQL: Lock beside INSERT ... ON CONFLICT DO NOTHING + UPDATE"
+$BENCHSTAT -col /impl "$tmp/sql.txt"
+echo
+echo "## The wrapper through the functions framework over TCP, on redislock, beside the handler's own two writes"
+$BENCHSTAT -filter '.name:Framework' -col /impl "$tmp/redis.txt"
