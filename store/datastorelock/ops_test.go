@@ -69,3 +69,69 @@ func TestListOnTheEmulatorCoversEveryKindOfName(t *testing.T) {
 		}
 	}
 }
+
+// doneRecord claims and completes key on b and returns the record as
+// Inspect reads it.
+func doneRecord(t *testing.T, b store.Operator, key string) store.Record {
+	t.Helper()
+	ctx := t.Context()
+	c, err := b.Claim(ctx, key, time.Minute)
+	if err != nil || c.Outcome != store.Won {
+		t.Fatalf("claim %q: %v %v", key, c.Outcome, err)
+	}
+	if ok, err := b.Complete(ctx, c.Claim); !ok || err != nil {
+		t.Fatalf("complete %q: %v %v", key, ok, err)
+	}
+	r, found, err := b.Inspect(ctx, key)
+	if err != nil || !found {
+		t.Fatalf("inspect %q: %v %v", key, found, err)
+	}
+	return r
+}
+
+// Two Forget calls of one record race: the first reads it, its delete is
+// held back, the second deletes the record meanwhile, and then the first's
+// delete reaches the emulator (a retry after an Unavailable). Only the
+// second deleted: the first MUST NOT report true too.
+func TestForgetRacedByAnotherForgetReportsTrueOnce(t *testing.T) {
+	testsvc.Datastore(t)
+	a, ra, b, _ := twoOnOneClock(t)
+	ctx := t.Context()
+	r := doneRecord(t, a, "k")
+	var okB bool
+	var errB error
+	ra.whileLost = func() { okB, errB = b.Forget(ctx, r) }
+	ra.dropNextCommit.Store(true)
+	okA, errA := a.Forget(ctx, r)
+	if errB != nil || !okB {
+		t.Fatalf("the second forget: %v %v, want true", okB, errB)
+	}
+	if okA {
+		t.Fatalf("the first forget reported true (%v), but the second had deleted the record before its delete arrived", errA)
+	}
+}
+
+// The same with a record that a purge deleted and a new claim wrote
+// again while the first Forget's delete was held back: the new claim
+// stays, and Forget does not report true.
+func TestForgetRacedByARecreatedRecordLeavesItAlone(t *testing.T) {
+	testsvc.Datastore(t)
+	a, ra, b, _ := twoOnOneClock(t)
+	ctx := t.Context()
+	r := doneRecord(t, a, "k")
+	ra.whileLost = func() {
+		if ok, err := b.Forget(ctx, r); !ok || err != nil {
+			t.Errorf("forget: %v %v", ok, err)
+		}
+		if c, err := b.Claim(ctx, "k", time.Minute); err != nil || c.Outcome != store.Won {
+			t.Errorf("claim: %v %v", c.Outcome, err)
+		}
+	}
+	ra.dropNextCommit.Store(true)
+	if ok, err := a.Forget(ctx, r); ok {
+		t.Fatalf("forget of a record recreated since its read: %v %v", ok, err)
+	}
+	if cur, found, err := b.Inspect(ctx, "k"); err != nil || !found || cur.State != store.Claimed || cur.Fence != 1 {
+		t.Fatalf("the new claim: %+v %v %v", cur, found, err)
+	}
+}
