@@ -150,3 +150,56 @@ func TestForceReleaseRacedByAnotherReleasesOnce(t *testing.T) {
 		t.Fatal("the old holder completed after a force-release")
 	}
 }
+
+// Listing under prefixes whose range bounds are names the service
+// reserves (__.*__) or that lie near store.MaxKeyLen, whose records are
+// stored encoded: following Next reports exactly the keys under each.
+func TestListAroundReservedAndLongNames(t *testing.T) {
+	testsvc.Firestore(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	long := strings.Repeat("L", store.MaxKeyLen-1)
+	keys := []string{"__ab_^x", "__ab__", "__ab__x", "__ab_`", "__ab_`__", long + "a", long + "\xff", long[:store.MaxKeyLen-3] + "é", long[:store.MaxKeyLen-2] + "__"}
+	for _, k := range keys {
+		if r, err := b.Claim(ctx, k, time.Minute); err != nil || r.Outcome != store.Won {
+			t.Fatalf("claim %q: %v %v", k[:min(len(k), 20)], r.Outcome, err)
+		}
+	}
+	var prefixes []string
+	for _, k := range keys {
+		for _, n := range []int{1, 2, 3, 4, 5, 6, len(k) - 3, len(k) - 2, len(k) - 1, len(k)} {
+			if n > 0 && n <= len(k) && !slices.Contains(prefixes, k[:n]) {
+				prefixes = append(prefixes, k[:n])
+			}
+		}
+	}
+	for _, p := range prefixes {
+		var want, got []string
+		for _, k := range keys {
+			if strings.HasPrefix(k, p) {
+				want = append(want, k)
+			}
+		}
+		q := store.ListQuery{Prefix: p, Limit: 2}
+		for pages := 0; ; pages++ {
+			if pages > 100 {
+				t.Fatalf("prefix %q: no end after %d pages", p, pages)
+			}
+			page, err := b.List(ctx, q)
+			if err != nil {
+				t.Fatalf("list %q (%d bytes): %v", p[:min(len(p), 20)], len(p), err)
+			}
+			for _, r := range page.Records {
+				got = append(got, r.Key)
+			}
+			if q.Cursor = page.Next; q.Cursor == "" {
+				break
+			}
+		}
+		slices.Sort(want)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("prefix %q (%d bytes): listed %d keys, want %d", p[:min(len(p), 20)], len(p), len(got), len(want))
+		}
+	}
+}
