@@ -114,6 +114,10 @@ func (l *Lock) Inspect(ctx context.Context, key string) (store.Record, bool, err
 // When the record changed since the read (an Extend, say), it reads again
 // and judges again.
 //
+// A write whose lease, carried forward by the client's clock, lands after
+// the commit's server time (the client's clock jumped ahead) is written
+// again with the lease ending at the commit's time.
+//
 // A write whose reply was lost is not recognised: the read after it finds
 // the fence moved on and the call returns false, although it released.
 // It returns true only for a write the service reported applied.
@@ -142,11 +146,27 @@ func (l *Lock) ForceRelease(ctx context.Context, op store.Record) (bool, error) 
 		next := cur
 		next.Fence++
 		next.Lease, next.Exp = now, instant(now, l.ttl)
-		_, applied, _, _, err := l.st.Update(ctx, op.Key, next, cur.Version)
+		v, applied, at, _, err := l.st.Update(ctx, op.Key, next, cur.Version)
 		if err != nil {
 			return fail(err)
 		}
 		if applied {
+			if ranAhead(now, at) {
+				// The read's time carried forward ran ahead of the commit
+				// (the client's clock jumped ahead meanwhile): the lease
+				// would end after the server's now and hold the key for
+				// nobody. End it at the commit's time.
+				fixed := next
+				fixed.Lease, fixed.Exp = at, instant(at, l.ttl)
+				_, ok, _, _, err := l.st.Update(ctx, op.Key, fixed, v)
+				if err == nil && !ok {
+					err = errors.New("the record changed since")
+				}
+				if err != nil {
+					return fail(fmt.Errorf("released, but with a lease to %v, after the commit at %v, and ending it there failed: %w",
+						next.Lease, at, err))
+				}
+			}
 			return true, nil
 		}
 	}

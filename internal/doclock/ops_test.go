@@ -396,3 +396,59 @@ func TestOpsValidateBeforeAnyRequest(t *testing.T) {
 		t.Fatalf("requests sent: %v", calls)
 	}
 }
+
+// A cursor List did not issue, however forged (truncated, bit-flipped,
+// with the right digest and any segment and name), is refused with
+// ErrInvalidQuery or continues the listing within the prefix: never a
+// panic, never a record outside the prefix, never a page above the limit.
+func FuzzListCursor(f *testing.F) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, o := newOpLock(func() time.Time { return now })
+	for _, k := range []string{"a", "ab", "abc", "a\xff", "~a", "b", "a/b", "\ud7ff", "abcd"} {
+		if r, err := l.Claim(context.Background(), k, time.Minute); err != nil || r.Outcome != store.Won {
+			f.Fatalf("claim %q: %v %v", k, r.Outcome, err)
+		}
+	}
+	for _, p := range []string{"", "a", "ab", "~", "a\xff"} {
+		q := store.ListQuery{Prefix: p, Limit: 1}
+		for {
+			page, err := l.List(context.Background(), q)
+			if err != nil {
+				f.Fatal(err)
+			}
+			if page.Next == "" {
+				break
+			}
+			f.Add(p, page.Next)
+			q.Cursor = page.Next
+		}
+		id := l.queryID(store.ListQuery{Prefix: p})
+		for _, seg := range []byte{0, 1, 2, 255} {
+			f.Add(p, cursorTag+base64.RawURLEncoding.EncodeToString(append(append(append([]byte{}, id...), seg), "zz"...)))
+		}
+	}
+	f.Add("a", cursorTag)
+	f.Add("a", "c1")
+	f.Fuzz(func(t *testing.T, prefix, cursor string) {
+		q := store.ListQuery{Prefix: prefix, Cursor: cursor, Limit: 2}
+		if store.ValidateQuery(q) != nil {
+			return
+		}
+		before := o.scanned
+		page, err := l.List(context.Background(), q)
+		if err != nil {
+			if !errors.Is(err, store.ErrInvalidQuery) {
+				t.Fatalf("list %+v: %v, want nil or ErrInvalidQuery", q, err)
+			}
+			return
+		}
+		if len(page.Records) > 2 || o.scanned-before > 2 {
+			t.Fatalf("list %+v: %d records after reading %d, limit 2", q, len(page.Records), o.scanned-before)
+		}
+		for _, r := range page.Records {
+			if !strings.HasPrefix(r.Key, prefix) {
+				t.Fatalf("list %+v: key %q is outside the prefix", q, r.Key)
+			}
+		}
+	})
+}

@@ -74,6 +74,9 @@ type rpcs struct {
 	// whileLost, when set, runs after a reply was lost or a request
 	// dropped, before the backend hears of it.
 	whileLost func()
+	// afterLookup, when set, runs when a Lookup's reply has arrived,
+	// before the backend hears of it.
+	afterLookup func()
 }
 
 func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -86,6 +89,9 @@ func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc 
 		return status.Error(codes.Unavailable, "injected: the commit was lost before it reached the server")
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && name == "Lookup" && r.afterLookup != nil {
+		r.afterLookup()
+	}
 	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
 		r.lose()
 		return status.Error(codes.Unavailable, "injected: the request applied but its reply was lost")

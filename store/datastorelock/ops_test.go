@@ -3,11 +3,13 @@ package datastorelock_test
 import (
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
 // Keys stored verbatim and encoded (see Name), around every boundary the
@@ -67,5 +69,173 @@ func TestListOnTheEmulatorCoversEveryKindOfName(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("prefix %q: listed %q, want %q", p, got, want)
 		}
+	}
+}
+
+// doneRecord claims and completes key on b and returns the record as
+// Inspect reads it.
+func doneRecord(t *testing.T, b store.Operator, key string) store.Record {
+	t.Helper()
+	ctx := t.Context()
+	c, err := b.Claim(ctx, key, time.Minute)
+	if err != nil || c.Outcome != store.Won {
+		t.Fatalf("claim %q: %v %v", key, c.Outcome, err)
+	}
+	if ok, err := b.Complete(ctx, c.Claim); !ok || err != nil {
+		t.Fatalf("complete %q: %v %v", key, ok, err)
+	}
+	r, found, err := b.Inspect(ctx, key)
+	if err != nil || !found {
+		t.Fatalf("inspect %q: %v %v", key, found, err)
+	}
+	return r
+}
+
+// Two Forget calls of one record race: the first reads it, its delete is
+// held back, the second deletes the record meanwhile, and then the first's
+// delete reaches the emulator (a retry after an Unavailable). Only the
+// second deleted: the first MUST NOT report true too.
+func TestForgetRacedByAnotherForgetReportsTrueOnce(t *testing.T) {
+	testsvc.Datastore(t)
+	a, ra, b, _ := twoOnOneClock(t)
+	ctx := t.Context()
+	r := doneRecord(t, a, "k")
+	var okB bool
+	var errB error
+	ra.whileLost = func() { okB, errB = b.Forget(ctx, r) }
+	ra.dropNextCommit.Store(true)
+	okA, errA := a.Forget(ctx, r)
+	if errB != nil || !okB {
+		t.Fatalf("the second forget: %v %v, want true", okB, errB)
+	}
+	if okA {
+		t.Fatalf("the first forget reported true (%v), but the second had deleted the record before its delete arrived", errA)
+	}
+}
+
+// The same with a record that a purge deleted and a new claim wrote
+// again while the first Forget's delete was held back: the new claim
+// stays, and Forget does not report true.
+func TestForgetRacedByARecreatedRecordLeavesItAlone(t *testing.T) {
+	testsvc.Datastore(t)
+	a, ra, b, _ := twoOnOneClock(t)
+	ctx := t.Context()
+	r := doneRecord(t, a, "k")
+	ra.whileLost = func() {
+		if ok, err := b.Forget(ctx, r); !ok || err != nil {
+			t.Errorf("forget: %v %v", ok, err)
+		}
+		if c, err := b.Claim(ctx, "k", time.Minute); err != nil || c.Outcome != store.Won {
+			t.Errorf("claim: %v %v", c.Outcome, err)
+		}
+	}
+	ra.dropNextCommit.Store(true)
+	if ok, err := a.Forget(ctx, r); ok {
+		t.Fatalf("forget of a record recreated since its read: %v %v", ok, err)
+	}
+	if cur, found, err := b.Inspect(ctx, "k"); err != nil || !found || cur.State != store.Claimed || cur.Fence != 1 {
+		t.Fatalf("the new claim: %+v %v %v", cur, found, err)
+	}
+}
+
+// Listing under prefixes whose range bounds are names the service
+// reserves (__.*__) or that lie near store.MaxKeyLen, whose records are
+// stored encoded: following Next reports exactly the keys under each.
+func TestListAroundReservedAndLongNames(t *testing.T) {
+	testsvc.Datastore(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	long := strings.Repeat("L", store.MaxKeyLen-1)
+	keys := []string{"__ab_^x", "__ab__", "__ab__x", "__ab_`", "__ab_`__", long + "a", long + "\xff", long[:store.MaxKeyLen-3] + "é", long[:store.MaxKeyLen-2] + "__"}
+	for _, k := range keys {
+		if r, err := b.Claim(ctx, k, time.Minute); err != nil || r.Outcome != store.Won {
+			t.Fatalf("claim %q: %v %v", k[:min(len(k), 20)], r.Outcome, err)
+		}
+	}
+	var prefixes []string
+	for _, k := range keys {
+		for _, n := range []int{1, 2, 3, 4, 5, 6, len(k) - 3, len(k) - 2, len(k) - 1, len(k)} {
+			if n > 0 && n <= len(k) && !slices.Contains(prefixes, k[:n]) {
+				prefixes = append(prefixes, k[:n])
+			}
+		}
+	}
+	for _, p := range prefixes {
+		var want, got []string
+		for _, k := range keys {
+			if strings.HasPrefix(k, p) {
+				want = append(want, k)
+			}
+		}
+		q := store.ListQuery{Prefix: p, Limit: 2}
+		for pages := 0; ; pages++ {
+			if pages > 100 {
+				t.Fatalf("prefix %q: no end after %d pages", p, pages)
+			}
+			page, err := b.List(ctx, q)
+			if err != nil {
+				t.Fatalf("list %q (%d bytes): %v", p[:min(len(p), 20)], len(p), err)
+			}
+			for _, r := range page.Records {
+				got = append(got, r.Key)
+			}
+			if q.Cursor = page.Next; q.Cursor == "" {
+				break
+			}
+		}
+		slices.Sort(want)
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("prefix %q (%d bytes): listed %d keys, want %d", p[:min(len(p), 20)], len(p), len(got), len(want))
+		}
+	}
+}
+
+// The backend's clock jumps hours ahead (a clock without a monotonic
+// reading, stepped) between ForceRelease's Lookup and its Commit: the
+// lease it carried forward from the read would end hours after the
+// server's now. The released lease MUST end by the server's clock, so that
+// the next Claim wins the key at once.
+func TestForceReleaseAcrossAJumpOfTheClientClockEndsTheLeaseNow(t *testing.T) {
+	testsvc.Datastore(t)
+	server := newClock()
+	ns := namespace()
+	var jumped atomic.Int64 // the client's clock is ahead of server's by this
+	var skip atomic.Int32   // calls of the clock before the jump takes effect
+	var armed atomic.Bool
+	client := func() time.Time {
+		if armed.Load() && skip.Add(-1) < 0 {
+			armed.Store(false)
+			jumped.Store(int64(3 * time.Hour))
+		}
+		return server.Now().Add(time.Duration(jumped.Load()))
+	}
+	op, r := newBackendVia(t, link{server: server.Now}, datastorelock.WithNamespace(ns), datastorelock.WithClock(client))
+	other := onServer(t, server, ns, 0)
+	ctx := t.Context()
+	if c, err := other.Claim(ctx, "k", time.Hour); err != nil || c.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", c.Outcome, err)
+	}
+	rec, _, err := op.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The jump comes after the clock reads the Lookup's reply arrival.
+	r.afterLookup = func() { r.afterLookup = nil; skip.Store(1); armed.Store(true) }
+	if ok, err := op.ForceRelease(ctx, rec); !ok || err != nil {
+		t.Fatalf("force-release: %v %v", ok, err)
+	}
+	if jumped.Load() == 0 {
+		t.Fatal("the clock did not jump")
+	}
+	got, _, err := other.Inspect(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Reclaimable() {
+		t.Fatalf("after the force-release the lease ends at %v, %v after the server's now %v", got.LeaseExpiry, got.LeaseExpiry.Sub(got.Now), got.Now)
+	}
+	if c, err := other.Claim(ctx, "k", time.Minute); err != nil || c.Outcome != store.Won {
+		t.Fatalf("claim after the force-release: %v %v, want won", c.Outcome, err)
 	}
 }
