@@ -265,7 +265,7 @@ func (m *mutant) ForceRelease(ctx context.Context, r store.Record) (bool, error)
 		(now.Before(cur.lease) || !m.is("force-release requires a live lease"))
 	if m.is("force-release races between read and write") && match {
 		m.mu.Unlock()
-		time.Sleep(time.Millisecond)
+		time.Sleep(raceWindow)
 		m.mu.Lock()
 	}
 	if !match {
@@ -329,7 +329,7 @@ func (m *mutant) Forget(ctx context.Context, r store.Record) (bool, error) {
 		(now.Before(cur.expiry) || !m.is("forget spares an expired record"))
 	if m.is("forget races between read and write") && match {
 		m.mu.Unlock()
-		time.Sleep(time.Millisecond)
+		time.Sleep(raceWindow)
 		m.mu.Lock()
 	}
 	if !match {
@@ -429,3 +429,9 @@ func TestSuiteCatchesOpsMutants(t *testing.T) {
 	}
 	t.Logf("ops mutants killed: %d of %d", killed, len(opsMutants))
 }
+
+// raceWindow is how long the racing mutants hold a decision they read
+// before they write it: wide enough that, under -race on a loaded 2-core
+// machine, the other racers of the case reach the same read meanwhile (at
+// 1ms the forget mutant survived a run).
+const raceWindow = 20 * time.Millisecond
