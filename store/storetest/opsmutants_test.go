@@ -5,11 +5,8 @@ import (
 	"encoding/base64"
 	"fmt"
 	"os"
-	"os/exec"
-	"regexp"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -370,63 +367,7 @@ func TestSuiteCatchesOpsMutants(t *testing.T) {
 	if os.Getenv("STORETEST_OPS_MUTANT") != "" {
 		t.Skip("inside a mutant run")
 	}
-	failLine := regexp.MustCompile(`--- FAIL: TestOpsMutant/(\S+)`)
-	passLine := regexp.MustCompile(`--- (?:PASS|SKIP): TestOpsMutant/(\S+)`)
-	bugs := []string{""}
-	for bug := range opsMutants {
-		bugs = append(bugs, bug)
-	}
-	sort.Strings(bugs)
-	outs := make([][]byte, len(bugs))
-	errs := make([]error, len(bugs))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
-	for i, bug := range bugs {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestOpsMutant$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "STORETEST_OPS_MUTANT="+bug)
-			outs[i], errs[i] = cmd.CombinedOutput()
-		})
-	}
-	wg.Wait()
-	killed := 0
-	for i, bug := range bugs {
-		name := bug
-		if name == "" {
-			name = "no bug"
-		}
-		t.Run(name, func(t *testing.T) {
-			out := string(outs[i])
-			failed := map[string]bool{}
-			for _, m := range failLine.FindAllStringSubmatch(out, -1) {
-				failed[m[1]] = true
-			}
-			if ran := len(passLine.FindAllString(out, -1)) + len(failed); ran < 20 {
-				t.Fatalf("RunOps ran only %d cases: %v\n%s", ran, errs[i], out)
-			}
-			if bug == "" {
-				if errs[i] != nil || len(failed) > 0 {
-					t.Fatalf("the correct Operator failed %v: %v\n%s", keys(failed), errs[i], out)
-				}
-				return
-			}
-			if errs[i] == nil {
-				t.Fatalf("RunOps passed an Operator whose bug is: %s", bug)
-			}
-			ok := true
-			for _, w := range opsMutants[bug] {
-				if !failed[w] {
-					ok = false
-					t.Errorf("%s did not fail; failed: %v", w, keys(failed))
-				}
-			}
-			if ok {
-				killed++
-			}
-		})
-	}
+	killed := runMutants(t, "TestOpsMutant", "STORETEST_OPS_MUTANT", opsMutants, 20)
 	t.Logf("ops mutants killed: %d of %d", killed, len(opsMutants))
 }
 

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"regexp"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -238,52 +235,5 @@ func TestSuiteCatchesTxMutants(t *testing.T) {
 	if os.Getenv("STORETEST_TX_MUTANT") != "" {
 		t.Skip("inside a mutant run")
 	}
-	failLine := regexp.MustCompile(`--- FAIL: TestTxMutant/(\S+)`)
-	passLine := regexp.MustCompile(`--- (?:PASS|SKIP): TestTxMutant/(\S+)`)
-	bugs := []string{""}
-	for bug := range txMutants {
-		bugs = append(bugs, bug)
-	}
-	sort.Strings(bugs)
-	outs := make([][]byte, len(bugs))
-	errs := make([]error, len(bugs))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
-	for i, bug := range bugs {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestTxMutant$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "STORETEST_TX_MUTANT="+bug)
-			outs[i], errs[i] = cmd.CombinedOutput()
-		})
-	}
-	wg.Wait()
-	for i, bug := range bugs {
-		name := bug
-		if name == "" {
-			name = "no bug"
-		}
-		t.Run(name, func(t *testing.T) {
-			out := string(outs[i])
-			failed := map[string]bool{}
-			for _, m := range failLine.FindAllStringSubmatch(out, -1) {
-				failed[m[1]] = true
-			}
-			if ran := len(passLine.FindAllString(out, -1)) + len(failed); ran < 11 {
-				t.Fatalf("RunTx ran only %d cases: %v\n%s", ran, errs[i], out)
-			}
-			if bug == "" {
-				if errs[i] != nil || len(failed) > 0 {
-					t.Fatalf("the correct TxCompleter failed %v: %v\n%s", keys(failed), errs[i], out)
-				}
-				return
-			}
-			for _, w := range txMutants[bug] {
-				if !failed[w] {
-					t.Errorf("%s did not fail; failed: %v", w, keys(failed))
-				}
-			}
-		})
-	}
+	runMutants(t, "TestTxMutant", "STORETEST_TX_MUTANT", txMutants, 11)
 }
