@@ -11,12 +11,15 @@ ALL := $(MOD)/...
 # race detector, with every backend against its real server: a missing
 # server fails the run instead of skipping it. A package may take 60
 # minutes: the emulator-backed ones (Firestore above all) run for tens of
-# minutes on a loaded 2-core machine.
+# minutes on a loaded 2-core machine. Last, a smoke run of make bench's
+# comparisons, so that they work on a fresh machine too.
 test: check services
 	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -race -count=1 -timeout 60m $(ALL)
 	./scripts/consumer-graph.sh
 	APIDIFF_WARN=1 ./scripts/apidiff.sh
 	FUZZTIME=20000x ./scripts/fuzz.sh
+	@echo "make bench, one round of one iteration (its figures mean nothing; it proves the script runs):"
+	ROUNDS=1 BENCHTIME=1x ./scripts/benchstat.sh >/dev/null
 
 # Install the servers the backend tests start (redis-server, ...).
 services:

@@ -29,8 +29,13 @@ i=0
 while [ "$i" -lt "$ROUNDS" ]; do
 	i=$((i + 1))
 	echo "round $i of $ROUNDS" >&2
-	"$tmp/redis.test" -test.run '^$' -test.bench 'ServerTime|Framework' -test.benchtime "$BENCHTIME" >>"$tmp/redis.txt"
-	"$tmp/sql.test" -test.run '^$' -test.bench 'ServerCPU' -test.benchtime "$BENCHTIME" >>"$tmp/sql.txt"
+	# A failing benchmark's output would go with $tmp: print it.
+	"$tmp/redis.test" -test.run '^$' -test.bench 'ServerTime|Framework' -test.benchtime "$BENCHTIME" >"$tmp/out" ||
+		{ cat "$tmp/out"; exit 1; }
+	cat "$tmp/out" >>"$tmp/redis.txt"
+	"$tmp/sql.test" -test.run '^$' -test.bench 'ServerCPU' -test.benchtime "$BENCHTIME" >"$tmp/out" ||
+		{ cat "$tmp/out"; exit 1; }
+	cat "$tmp/out" >>"$tmp/sql.txt"
 done
 
 echo "## Redis: Lock beside bsm/redislock Obtain + Release"
