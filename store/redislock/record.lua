@@ -71,13 +71,3 @@ end
 local function save_claimed(key, f, lease, t, expires)
   redis.call('SET', key, claimed_value(f, lease, t), 'PXAT', string.format('%d', expires))
 end
-
--- save_done writes a done record at key, to expire ttl ms from the
--- server's now: its expires-at.
-local function save_done(key, f, t, fp, ttl)
-  local v = string.format('d%d,,', f) .. t
-  if fp ~= '' then
-    v = v .. ',' .. fp
-  end
-  redis.call('SET', key, v, 'PX', ttl)
-end

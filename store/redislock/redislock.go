@@ -315,7 +315,7 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
 	}
-	cmd, lost, err := b.run(ctx, completeScript, resendable, nil, c.Key, c.Fence, millis(b.ttl), c.Token, fp)
+	cmd, lost, err := b.run(ctx, completeScript, resendable, nil, c.Key, claimedValue(c), millis(b.ttl), doneValue(c, fp))
 	if err != nil {
 		return false, fmt.Errorf("redislock: complete %q fence %d: %w", c.Key, c.Fence, err)
 	}
@@ -332,6 +332,36 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 		return false, fmt.Errorf("redislock: complete %q fence %d (outcome unknown: an attempt whose reply was lost may have completed the key, whose record has moved on): %w", c.Key, c.Fence, lost)
 	}
 	return false, nil
+}
+
+// claimedValue is the record c's claim wrote (or its last Extend rewrote):
+// complete.lua settles a record equal to it without decoding it. A claim
+// whose record has moved on (or one not made by this backend) does not
+// match it, and the script decodes the record instead.
+func claimedValue(c store.Claim) string {
+	b := make([]byte, 0, 48+len(c.Token))
+	b = append(b, 'c')
+	b = strconv.AppendInt(b, c.Fence, 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, c.LeaseExpiry.UnixMilli(), 10)
+	b = append(b, ',')
+	b = append(b, c.Token...)
+	return string(b)
+}
+
+// doneValue is the done record completing c, with fingerprint fp (none
+// when empty).
+func doneValue(c store.Claim, fp string) string {
+	b := make([]byte, 0, 24+len(c.Token)+len(fp))
+	b = append(b, 'd')
+	b = strconv.AppendInt(b, c.Fence, 10)
+	b = append(b, ',', ',')
+	b = append(b, c.Token...)
+	if fp != "" {
+		b = append(b, ',')
+		b = append(b, fp...)
+	}
+	return string(b)
 }
 
 // Release implements store.Backend.
