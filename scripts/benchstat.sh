@@ -3,7 +3,8 @@
 # and each difference's p-value) of what Lock costs beside its baselines
 # where users feel it (docs/performance.md):
 #
-#   - Redis: Lock beside bsm/redislock's Obtain + Release and two plain
+#   - Redis: Lock beside bsm/redislock's Obtain + Release (with and
+#     without a done marker kept for the ttl) and two plain
 #     writes, at 1 and 16 workers: deliveries/s, redis-server's time per
 #     delivery (INFO commandstats) and CPU time per delivery;
 #   - PostgreSQL: Lock beside INSERT ... ON CONFLICT DO NOTHING + UPDATE,
@@ -40,6 +41,9 @@ done
 
 echo "## Redis: Lock beside bsm/redislock Obtain + Release"
 $BENCHSTAT -filter '.name:ServerTime' -col '/impl@(bsm-obtain-release lock)' "$tmp/redis.txt"
+echo
+echo "## Redis: Lock beside bsm/redislock Obtain + a done marker (SET PX ttl) + Release"
+$BENCHSTAT -filter '.name:ServerTime' -col '/impl@(bsm-obtain-release-done lock)' "$tmp/redis.txt"
 echo
 echo "## Redis: Lock beside two plain writes (SET NX PX, SET XX PX)"
 $BENCHSTAT -filter '.name:ServerTime' -col '/impl@(baseline-2-round-trips lock)' "$tmp/redis.txt"
