@@ -415,3 +415,35 @@ func readRecord(t testing.TB, c *redis.Client, raw string) stored {
 // recordFormat is record.lua's format: state, fence, lease expiry (claimed
 // only), token and an optional fingerprint (done only).
 var recordFormat = regexp.MustCompile(`(?s)^([cd])([0-9]+),([0-9]*),([^,]*)(?:,(.*))?$`)
+
+// Complete settles a record that is exactly the claim it holds without
+// decoding it, and every other record by its fence and token: a claim
+// whose lease expiry is not the stored one (a Claim value built or moved
+// by the caller) completes all the same, with its fingerprint, and one
+// whose token is another's completes nothing.
+func TestCompleteDecidesByFenceAndTokenNotByTheWholeValue(t *testing.T) {
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	ctx := t.Context()
+	r, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", r, err)
+	}
+	other := r.Claim
+	other.Token = "0123456789abcdef0123456789abcdef"
+	if ok, err := b.Complete(ctx, other); ok || err != nil {
+		t.Fatalf("complete with another token: %v %v; want false, nil", ok, err)
+	}
+	moved := r.Claim
+	moved.LeaseExpiry = moved.LeaseExpiry.Add(time.Hour)
+	if ok, err := b.CompleteFingerprint(ctx, moved, "fp,with,commas"); !ok || err != nil {
+		t.Fatalf("complete with a lease expiry that is not the stored one: %v %v; want true, nil", ok, err)
+	}
+	r2, err := b.Claim(ctx, "k", time.Minute)
+	if err != nil || r2.Outcome != store.AlreadyDone || r2.Fingerprint != "fp,with,commas" {
+		t.Fatalf("claim after complete: %+v %v; want AlreadyDone with the fingerprint", r2, err)
+	}
+	if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
+		t.Fatalf("complete again: %v %v; want true, nil", ok, err)
+	}
+}
