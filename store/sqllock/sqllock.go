@@ -653,6 +653,13 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 	// fenced out).
 	var lost error
 	attempt := func() error {
+		if b.q.CompleteCounts {
+			// An exec: no rows to read (and, on a context that can be
+			// cancelled, no goroutine of database/sql's to watch them).
+			n, err := b.exec(ctx, b.q.Complete, k, c.Fence, millis(b.ttl), c.Token, stamped)
+			done = err == nil && n == 1
+			return err
+		}
 		if b.q.Returning {
 			var one int
 			err := b.queryRow(ctx, b.q.Complete, []any{k, c.Fence, millis(b.ttl), c.Token, stamped}, &one)

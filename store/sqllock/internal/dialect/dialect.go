@@ -88,6 +88,11 @@ type SQL struct {
 	// Returning says that Complete and Extend report through RETURNING
 	// (and take their arguments in the order key, fence, ...).
 	Returning bool
+	// CompleteCounts says that Complete, with Returning's arguments, has
+	// no RETURNING and reports through the count of rows it changed (one
+	// when the record is Done by the claim): an exec, with no rows for
+	// the client to read (PostgreSQL).
+	CompleteCounts bool
 	// LockDDL, if set, runs before the schema in EnsureSchema's
 	// transaction (PostgreSQL's advisory lock).
 	LockDDL string
@@ -193,7 +198,8 @@ SELECT CASE WHEN t.state = 2 THEN 2 ELSE 3 END, t.fence,
        CASE WHEN t.state = 2 THEN t.fingerprint END
 FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
 		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = $1`,
-		Complete:        pgComplete + ` RETURNING 1`,
+		Complete:        pgComplete,
+		CompleteCounts:  true,
 		CompleteClaimed: pgComplete + ` AND state = 1 RETURNING 1`,
 		CompleteTx: pgComplete + ` AND state = 1
 RETURNING set_config('idle_in_transaction_session_timeout', '` + strconv.Itoa(CommitIdleMillis) + `', true)`,
@@ -348,6 +354,7 @@ type Statements struct {
 	// List is SQL.List with no upper bound, ListBelow with one.
 	List, ListBelow, Forget string
 	Returning               bool
+	CompleteCounts          bool
 	// HasFingerprint and AddFingerprint, as in [SQL].
 	HasFingerprint, AddFingerprint string
 }
@@ -396,6 +403,7 @@ func (d *SQL) Render(table string) Statements {
 		CompleteTx:      r.Replace(d.CompleteTx), LockWrites: r.Replace(d.LockWrites),
 		IsDone: r.Replace(d.IsDone), Release: r.Replace(d.Release), Extend: r.Replace(d.Extend),
 		Lease: r.Replace(d.Lease), Purge: r.Replace(d.Purge), Returning: d.Returning,
+		CompleteCounts: d.CompleteCounts,
 		List:           strings.ReplaceAll(r.Replace(d.List), "{UPPER}", ""),
 		ListBelow:      strings.ReplaceAll(r.Replace(d.List), "{UPPER}", d.upper),
 		Forget:         r.Replace(d.Forget),
