@@ -9,7 +9,10 @@
 -- ARGV[2]  ttl in milliseconds (integer > 0)
 -- ARGV[3]  the done record to write for that same claim (same fence and
 --          token): d<fence>,,<token>, then ,<fingerprint> when the payload
---          fingerprint to store is not empty
+--          fingerprint to store is not empty; the backend sends no
+--          token with a comma and no fence below 1 (no record has one:
+--          it answers false itself), so the token ends at the first comma
+--          after ',,'
 --
 -- Returns 1 if the record is done with that fence and token afterwards
 -- (completing a done record again changes nothing, its fingerprint and

@@ -50,6 +50,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -314,6 +315,14 @@ func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp str
 func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
+	}
+	if c.Fence < 1 || strings.IndexByte(c.Token, ',') >= 0 {
+		// No record has such a fence or token (Claim's tokens are hex,
+		// and the format separates its fields with commas), so the claim
+		// is stale. complete.lua could not tell either from the done value
+		// it reads them from: its pattern takes no sign, and a token ends
+		// at its first comma (the rest would be a fingerprint).
+		return false, nil
 	}
 	cmd, lost, err := b.run(ctx, completeScript, resendable, nil, c.Key, claimedValue(c), millis(b.ttl), doneValue(c, fp))
 	if err != nil {
