@@ -241,7 +241,9 @@ type Claim struct {
 	LeaseExpiry time.Time
 	// Rev is backend-private revision data (for example a Datastore entity
 	// version) that lets Complete and Release skip a read. Zero means
-	// unknown. Callers must not change it.
+	// unknown. Callers must not change it. It names the record as this
+	// claim wrote it, Token included: a backend may act on a matching Rev
+	// without comparing the Token.
 	Rev int64
 }
 

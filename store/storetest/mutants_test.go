@@ -29,79 +29,82 @@ import (
 // lost replies and cut connections.
 var mutants = map[string][]string{
 	// Arguments are validated by every method.
-	"accepts an empty key":                            {"invalid_keys_are_refused"},
-	"accepts a NUL byte":                              {"invalid_keys_are_refused"},
-	"accepts keys longer than MaxKeyLen":              {"invalid_keys_are_refused"},
-	"accepts a non-positive lease":                    {"non_positive_leases_are_refused"},
-	"complete does not validate its key":              {"invalid_keys_are_refused"},
-	"release does not validate its key":               {"invalid_keys_are_refused"},
-	"extend does not validate its key":                {"invalid_keys_are_refused"},
-	"extend does not validate its lease":              {"extend_renews_only_the_current_claim"},
-	"claim ignores a cancelled ctx":                   {"a_cancelled_context_fails_and_changes_nothing"},
-	"complete ignores a cancelled ctx":                {"a_cancelled_context_fails_and_changes_nothing"},
-	"release ignores a cancelled ctx":                 {"a_cancelled_context_fails_and_changes_nothing"},
-	"extend ignores a cancelled ctx":                  {"a_cancelled_context_fails_and_changes_nothing"},
-	"purge ignores a cancelled ctx":                   {"a_cancelled_context_fails_and_changes_nothing"},
-	"the ctx error is not wrapped":                    {"a_cancelled_context_fails_and_changes_nothing"},
-	"truncates keys at 1000 bytes":                    {"keys_are_stored_verbatim_and_kept_apart"},
-	"truncates keys at 512 bytes":                     {"keys_are_stored_verbatim_and_kept_apart"},
-	"folds case":                                      {"keys_are_stored_verbatim_and_kept_apart"},
-	"trims spaces":                                    {"keys_are_stored_verbatim_and_kept_apart"},
-	"replaces invalid UTF-8":                          {"keys_are_stored_verbatim_and_kept_apart"},
-	"normalises Unicode":                              {"keys_are_stored_verbatim_and_kept_apart"},
-	"cleans key paths":                                {"keys_are_stored_verbatim_and_kept_apart"},
-	"absent: the fence starts at 0":                   {"claim_on_an_absent_key_wins_with_fence_1"},
-	"claimed: a claim steals a live lease":            {"claim_during_a_live_lease_is_held_by_other"},
-	"claimed: a held claim raises the fence":          {"claim_during_a_live_lease_is_held_by_other"},
-	"claimed: held-by-other Until is wrong":           {"claim_during_a_live_lease_is_held_by_other"},
-	"claimed: a lapsed lease is never reclaimed":      {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
-	"claimed: a reclaim restarts the fence at 1":      {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
-	"the token is derived from the key":               {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
-	"the lease ends one nanosecond late":              {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
-	"the lease ends one nanosecond early":             {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
-	"the lease is shorter than asked":                 {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
-	"the lease expiry reported is not the one stored": {"claim_on_an_absent_key_wins_with_fence_1", "claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
-	"the record dies with its lease":                  {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1", "a_claimed_record_outlives_its_lease_by_the_ttl"},
-	"a claimed record expires ttl after the claim":    {"a_claimed_record_outlives_its_lease_by_the_ttl"},
-	"complete ignores the fence":                      {"zombie_cannot_complete_over_a_newer_claim"},
-	"complete matches the fence but not the token":    {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
-	"release matches the fence but not the token":     {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
-	"extend matches the fence but not the token":      {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
-	"complete requires a live lease":                  {"complete_commits_after_the_lease_lapsed_if_nobody_reclaimed"},
-	"complete answers true without marking done":      {"complete_with_the_current_fence_marks_done"},
-	"complete of a done key answers false":            {"complete_and_release_on_a_done_key_are_idempotent", "a_complete_whose_reply_was_lost_is_safe_to_retry"},
-	"complete creates a missing record":               {"complete_and_release_without_a_record_change_nothing"},
-	"done: a done key is not suppressed":              {"claim_of_a_done_key_within_the_ttl_is_already_done"},
-	"done: a done key never expires":                  {"claim_of_a_done_key_after_the_ttl_wins_again"},
-	"done: the ttl is one nanosecond short":           {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
-	"done: the ttl counts from the claim":             {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
-	"done: the ttl counts from the lease expiry":      {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
-	"done: a second complete restarts the ttl":        {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
-	"done: already-done Until is wrong":               {"claim_of_a_done_key_within_the_ttl_is_already_done", "the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
-	"release deletes the record":                      {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence", "mutex_cycle_reclaims_forever_without_ever_completing"},
-	"release keeps the fence":                         {"released_claim_can_never_complete", "mutex_cycle_reclaims_forever_without_ever_completing"},
-	"release keeps the lease":                         {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence"},
-	"release raises the fence twice":                  {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence"},
-	"release ignores the fence":                       {"zombie_release_does_not_disturb_the_newer_claim"},
-	"release reopens a done key":                      {"complete_and_release_on_a_done_key_are_idempotent"},
-	"a released record expires at once":               {"a_released_record_outlives_the_release_by_the_ttl"},
-	"a retried release fails":                         {"a_release_whose_reply_was_lost_is_safe_to_retry"},
-	"extend changes the fence":                        {"extend_renews_only_the_current_claim"},
-	"extend revives a stale claim":                    {"extend_renews_only_the_current_claim"},
-	"extend of a done claim succeeds":                 {"extend_renews_only_the_current_claim"},
-	"extend requires a live lease":                    {"extend_renews_only_the_current_claim"},
-	"extend counts from the old lease expiry":         {"extend_renews_only_the_current_claim"},
-	"extend keeps the old expires-at":                 {"an_extended_record_outlives_its_new_lease_by_the_ttl"},
-	"purge deletes live claims":                       {"purge_removes_only_expired_records"},
-	"purge deletes lapsed claims":                     {"purge_removes_only_expired_records"},
-	"purge deletes one nanosecond early":              {"purge_removes_only_expired_records"},
-	"purge ignores the limit":                         {"purge_removes_only_expired_records"},
-	"claims race between read and write":              {"racing_claims_on_a_fresh_key_admit_exactly_one", "racing_reclaims_on_a_lapsed_key_admit_exactly_one", "racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held"},
-	"a loser answers from a stale snapshot":           {"racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held"},
-	"a retried claim takes a new token":               {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
-	"a retried claim raises the fence again":          {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
-	"complete answers true when its reply was lost":   {"a_complete_whose_reply_was_lost_is_safe_to_retry"},
-	"a cut claim reports won without writing":         {"calls_cut_mid_flight_win_nothing_twice_and_converge"},
+	"accepts an empty key":                                 {"invalid_keys_are_refused"},
+	"accepts a NUL byte":                                   {"invalid_keys_are_refused"},
+	"accepts keys longer than MaxKeyLen":                   {"invalid_keys_are_refused"},
+	"accepts a non-positive lease":                         {"non_positive_leases_are_refused"},
+	"complete does not validate its key":                   {"invalid_keys_are_refused"},
+	"release does not validate its key":                    {"invalid_keys_are_refused"},
+	"extend does not validate its key":                     {"invalid_keys_are_refused"},
+	"extend does not validate its lease":                   {"extend_renews_only_the_current_claim"},
+	"claim ignores a cancelled ctx":                        {"a_cancelled_context_fails_and_changes_nothing"},
+	"complete ignores a cancelled ctx":                     {"a_cancelled_context_fails_and_changes_nothing"},
+	"release ignores a cancelled ctx":                      {"a_cancelled_context_fails_and_changes_nothing"},
+	"extend ignores a cancelled ctx":                       {"a_cancelled_context_fails_and_changes_nothing"},
+	"purge ignores a cancelled ctx":                        {"a_cancelled_context_fails_and_changes_nothing"},
+	"the ctx error is not wrapped":                         {"a_cancelled_context_fails_and_changes_nothing"},
+	"truncates keys at 1000 bytes":                         {"keys_are_stored_verbatim_and_kept_apart"},
+	"truncates keys at 512 bytes":                          {"keys_are_stored_verbatim_and_kept_apart"},
+	"folds case":                                           {"keys_are_stored_verbatim_and_kept_apart"},
+	"trims spaces":                                         {"keys_are_stored_verbatim_and_kept_apart"},
+	"replaces invalid UTF-8":                               {"keys_are_stored_verbatim_and_kept_apart"},
+	"normalises Unicode":                                   {"keys_are_stored_verbatim_and_kept_apart"},
+	"cleans key paths":                                     {"keys_are_stored_verbatim_and_kept_apart"},
+	"absent: the fence starts at 0":                        {"claim_on_an_absent_key_wins_with_fence_1"},
+	"claimed: a claim steals a live lease":                 {"claim_during_a_live_lease_is_held_by_other"},
+	"claimed: a held claim raises the fence":               {"claim_during_a_live_lease_is_held_by_other"},
+	"claimed: held-by-other Until is wrong":                {"claim_during_a_live_lease_is_held_by_other"},
+	"claimed: a lapsed lease is never reclaimed":           {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
+	"claimed: a reclaim restarts the fence at 1":           {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
+	"the token is derived from the key":                    {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1"},
+	"the lease ends one nanosecond late":                   {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the lease ends one nanosecond early":                  {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the lease is shorter than asked":                      {"claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the lease expiry reported is not the one stored":      {"claim_on_an_absent_key_wins_with_fence_1", "claim_at_exactly_the_lease_expiry_wins_one_nanosecond_before_is_held"},
+	"the record dies with its lease":                       {"claim_after_the_lease_lapsed_reclaims_with_fence_plus_1", "a_claimed_record_outlives_its_lease_by_the_ttl"},
+	"a claimed record expires ttl after the claim":         {"a_claimed_record_outlives_its_lease_by_the_ttl"},
+	"complete ignores the fence":                           {"zombie_cannot_complete_over_a_newer_claim"},
+	"complete matches the fence but not the token":         {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
+	"release matches the fence but not the token":          {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
+	"extend matches the fence but not the token":           {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
+	"complete takes a token that begins with the holder's": {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
+	"release takes a token that begins with the holder's":  {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
+	"extend takes a token that begins with the holder's":   {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
+	"complete requires a live lease":                       {"complete_commits_after_the_lease_lapsed_if_nobody_reclaimed"},
+	"complete answers true without marking done":           {"complete_with_the_current_fence_marks_done"},
+	"complete of a done key answers false":                 {"complete_and_release_on_a_done_key_are_idempotent", "a_complete_whose_reply_was_lost_is_safe_to_retry"},
+	"complete creates a missing record":                    {"complete_and_release_without_a_record_change_nothing"},
+	"done: a done key is not suppressed":                   {"claim_of_a_done_key_within_the_ttl_is_already_done"},
+	"done: a done key never expires":                       {"claim_of_a_done_key_after_the_ttl_wins_again"},
+	"done: the ttl is one nanosecond short":                {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: the ttl counts from the claim":                  {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: the ttl counts from the lease expiry":           {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: a second complete restarts the ttl":             {"the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"done: already-done Until is wrong":                    {"claim_of_a_done_key_within_the_ttl_is_already_done", "the_ttl_runs_from_completion_and_ends_exactly_at_completion_plus_ttl"},
+	"release deletes the record":                           {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence", "mutex_cycle_reclaims_forever_without_ever_completing"},
+	"release keeps the fence":                              {"released_claim_can_never_complete", "mutex_cycle_reclaims_forever_without_ever_completing"},
+	"release keeps the lease":                              {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence"},
+	"release raises the fence twice":                       {"release_makes_the_key_reclaimable_at_once_with_a_higher_fence"},
+	"release ignores the fence":                            {"zombie_release_does_not_disturb_the_newer_claim"},
+	"release reopens a done key":                           {"complete_and_release_on_a_done_key_are_idempotent"},
+	"a released record expires at once":                    {"a_released_record_outlives_the_release_by_the_ttl"},
+	"a retried release fails":                              {"a_release_whose_reply_was_lost_is_safe_to_retry"},
+	"extend changes the fence":                             {"extend_renews_only_the_current_claim"},
+	"extend revives a stale claim":                         {"extend_renews_only_the_current_claim"},
+	"extend of a done claim succeeds":                      {"extend_renews_only_the_current_claim"},
+	"extend requires a live lease":                         {"extend_renews_only_the_current_claim"},
+	"extend counts from the old lease expiry":              {"extend_renews_only_the_current_claim"},
+	"extend keeps the old expires-at":                      {"an_extended_record_outlives_its_new_lease_by_the_ttl"},
+	"purge deletes live claims":                            {"purge_removes_only_expired_records"},
+	"purge deletes lapsed claims":                          {"purge_removes_only_expired_records"},
+	"purge deletes one nanosecond early":                   {"purge_removes_only_expired_records"},
+	"purge ignores the limit":                              {"purge_removes_only_expired_records"},
+	"claims race between read and write":                   {"racing_claims_on_a_fresh_key_admit_exactly_one", "racing_reclaims_on_a_lapsed_key_admit_exactly_one", "racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held"},
+	"a loser answers from a stale snapshot":                {"racing_claims_on_an_expired_done_key_admit_exactly_one_the_others_are_held"},
+	"a retried claim takes a new token":                    {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
+	"a retried claim raises the fence again":               {"a_claim_whose_reply_was_lost_is_won_or_an_error_never_held_or_done"},
+	"complete answers true when its reply was lost":        {"a_complete_whose_reply_was_lost_is_safe_to_retry"},
+	"a cut claim reports won without writing":              {"calls_cut_mid_flight_win_nothing_twice_and_converge"},
 
 	// A server clock that jumps (Harness.ServerClock): the mutant's clock
 	// is its server's, and its client's clock is that minus every jump.
@@ -207,6 +210,18 @@ var (
 var errLost = errors.New("mutant: reply lost")
 
 func (m *mutant) is(bug string) bool { return m.bug == bug }
+
+// tokenMatches reports whether verb (complete, release or extend) takes the
+// caller's token for the record's: equal, or, for the "<verb> takes a token
+// that begins with the holder's" mutants, merely beginning with it (a
+// record format that ends the token at a separator and ignores the rest,
+// as redislock's done value did for a moment).
+func (m *mutant) tokenMatches(stored, given, verb string) bool {
+	if m.is(verb + " takes a token that begins with the holder's") {
+		return strings.HasPrefix(given, stored)
+	}
+	return stored == given
+}
 
 func (m *mutant) LoseNextReply() {
 	m.mu.Lock()
@@ -518,7 +533,7 @@ func (m *mutant) complete(c store.Claim, fp string) bool {
 		}
 		return false
 	}
-	if r.token != c.Token && !m.is("complete ignores the fence") && !m.is("complete matches the fence but not the token") {
+	if !m.tokenMatches(r.token, c.Token, "complete") && !m.is("complete ignores the fence") && !m.is("complete matches the fence but not the token") {
 		return false
 	}
 	if r.state == store.Done {
@@ -594,7 +609,7 @@ func (m *mutant) Release(ctx context.Context, c store.Claim) error {
 		if m.is("a retried release fails") {
 			return fmt.Errorf("mutant: release of fence %d: %w", c.Fence, store.ErrLost)
 		}
-	case r.token != c.Token && !m.is("release ignores the fence") && !m.is("release matches the fence but not the token"):
+	case !m.tokenMatches(r.token, c.Token, "release") && !m.is("release ignores the fence") && !m.is("release matches the fence but not the token"):
 		if m.is("a retried release fails") {
 			return fmt.Errorf("mutant: release of fence %d: %w", c.Fence, store.ErrLost)
 		}
@@ -646,7 +661,7 @@ func (m *mutant) Extend(ctx context.Context, c store.Claim, lease time.Duration)
 		return c, store.ErrLost
 	case r.fence != c.Fence && !m.is("extend revives a stale claim"):
 		return c, store.ErrLost
-	case r.token != c.Token && !m.is("extend revives a stale claim") && !m.is("extend matches the fence but not the token"):
+	case !m.tokenMatches(r.token, c.Token, "extend") && !m.is("extend revives a stale claim") && !m.is("extend matches the fence but not the token"):
 		return c, store.ErrLost
 	case m.is("extend requires a live lease") && !now.Before(r.lease):
 		return c, store.ErrLost

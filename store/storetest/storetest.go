@@ -210,6 +210,7 @@ var rules = []rule{
 	{"extend_renews_only_the_current_claim", extend},
 	{"purge_removes_only_expired_records", purge},
 	{"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record", claimFromBeforeDeletion},
+	{"a_claim_whose_token_only_resembles_the_holders_touches_nothing", lookalikeTokens},
 	{"concurrent_histories_are_linearizable_with_leases_that_lapse", historyCase},
 	{"leases_at_their_limit_never_expire_a_claim_early", leaseLimits},
 	{"extends_at_their_limit_never_expire_a_claim_early", extendLimits},
@@ -1546,6 +1547,50 @@ func cutMidCall(t *testing.T, e *env) {
 // backend may delete it, and the next Claim starts a fresh record at fence
 // 1, the fence an old holder may also carry. The claim token tells them
 // apart: the old claim must change nothing on the new record.
+// lookalikeTokens: a claim with the holder's key, fence and lease but a
+// token that merely resembles the holder's (the holder's with a suffix, as
+// a record format that ends the token at a separator would read it, a
+// prefix of it, another case) completes, releases and extends nothing, on
+// a claimed record and on a done one. A backend must compare the whole
+// token, byte for byte.
+func lookalikeTokens(t *testing.T, e *env) {
+	k := e.key()
+	holder := e.won(k, e.long())
+	tok := holder.Token
+	lookalikes := []string{tok + ",", tok + ",fp", tok + ",,x", tok + " ", tok + "0", tok[:len(tok)-1], strings.ToUpper(tok) + "X"}
+	forged := func(token string) store.Claim {
+		c := holder
+		c.Token, c.Rev = token, 0
+		return c
+	}
+	for _, tk := range lookalikes {
+		c := forged(tk)
+		e.complete(c, false)
+		if f, ok := e.h.Backend.(store.Fingerprinter); ok {
+			e.completeFP(f, c, "lookalike", false)
+		}
+		e.release(c)
+		if x, ok := e.h.Backend.(store.Extender); ok {
+			if _, err := x.Extend(e.ctx, c, e.long()); !errors.Is(err, store.ErrLost) {
+				t.Errorf("Extend with the token %q of a record held by %q: err = %v, want ErrLost", tk, tok, err)
+			}
+		}
+		if r := e.expect(k, store.HeldByOther); !sameInstant(r.Until, holder.LeaseExpiry) {
+			t.Fatalf("after calls with the token %q: the holder's lease ends at %v, want %v", tk, r.Until, holder.LeaseExpiry)
+		}
+	}
+	e.complete(holder, true)
+	for _, tk := range lookalikes {
+		c := forged(tk)
+		e.complete(c, false)
+		if f, ok := e.h.Backend.(store.Fingerprinter); ok {
+			e.completeFP(f, c, "lookalike", false)
+		}
+		e.release(c)
+	}
+	e.expect(k, store.AlreadyDone)
+}
+
 func claimFromBeforeDeletion(t *testing.T, e *env) {
 	k := e.key()
 	old := e.won(k, e.short())
