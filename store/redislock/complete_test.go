@@ -8,7 +8,22 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/redislock"
+	"github.com/redis/go-redis/v9"
 )
+
+// wonK returns a client of a fresh redis-server, a backend on it and the
+// result of its Claim of "k" for a minute, which won.
+func wonK(t *testing.T) (*redis.Client, *redislock.Backend, store.Result) {
+	t.Helper()
+	c := client(t, testsvc.Redis(t))
+	b := newBackend(t, c)
+	r, err := b.Claim(t.Context(), "k", time.Minute)
+	if err != nil || r.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", r, err)
+	}
+	return c, b, r
+}
 
 // A claim whose token is the holder's followed by a comma and more is not
 // the holder's claim (the port: Complete acts only on a record whose fence
@@ -16,13 +31,8 @@ import (
 // reports false, and on a done record whose token and fingerprint spell
 // that token it reports false too, for that record is not done with it.
 func TestCompleteWithATokenThatExtendsTheHoldersByACommaIsNotTheHolder(t *testing.T) {
-	c := client(t, testsvc.Redis(t))
-	b := newBackend(t, c)
+	c, b, r := wonK(t)
 	ctx := t.Context()
-	r, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r, err)
-	}
 	forged := r.Claim
 	forged.Token = r.Claim.Token + ",fp"
 	if ok, err := b.Complete(ctx, forged); ok || err != nil {
@@ -43,13 +53,8 @@ func TestCompleteWithATokenThatExtendsTheHoldersByACommaIsNotTheHolder(t *testin
 // other whose fence the record does not have: Complete reports false, not
 // an error.
 func TestCompleteWithANegativeFenceIsStaleNotAnError(t *testing.T) {
-	c := client(t, testsvc.Redis(t))
-	b := newBackend(t, c)
+	_, b, r := wonK(t)
 	ctx := t.Context()
-	r, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r, err)
-	}
 	for _, fence := range []int64{-1, -r.Claim.Fence} {
 		forged := r.Claim
 		forged.Fence = fence

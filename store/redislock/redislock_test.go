@@ -422,13 +422,8 @@ var recordFormat = regexp.MustCompile(`(?s)^([cd])([0-9]+),([0-9]*),([^,]*)(?:,(
 // by the caller) completes all the same, with its fingerprint, and one
 // whose token is another's completes nothing.
 func TestCompleteDecidesByFenceAndTokenNotByTheWholeValue(t *testing.T) {
-	c := client(t, testsvc.Redis(t))
-	b := newBackend(t, c)
+	_, b, r := wonK(t)
 	ctx := t.Context()
-	r, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r, err)
-	}
 	other := r.Claim
 	other.Token = "0123456789abcdef0123456789abcdef"
 	if ok, err := b.Complete(ctx, other); ok || err != nil {
