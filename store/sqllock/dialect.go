@@ -14,8 +14,10 @@ type Dialect int
 const (
 	// Postgres is the dialect of PostgreSQL 9.5 or later (and AlloyDB,
 	// Cloud SQL for PostgreSQL), for example through
-	// github.com/jackc/pgx/v5/stdlib. Claim is one statement; so are
-	// Complete and Release.
+	// github.com/jackc/pgx/v5/stdlib. Claim is one plain insert when the
+	// key is fresh, and that insert and a full claim (an upsert that
+	// reports the holder) when it is taken; Complete and Release are one
+	// statement.
 	Postgres Dialect = iota + 1
 	// MySQL is the dialect of MySQL 8 and MariaDB 10.5 or later (and Cloud
 	// SQL for MySQL), through github.com/go-sql-driver/mysql. With no

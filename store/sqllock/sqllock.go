@@ -10,7 +10,7 @@
 // Round trips per operation:
 //
 //	            Claim (fresh / taken / reclaim)   Complete   Release
-//	Postgres    1 / 1 / 1                         1          1
+//	Postgres    1 / 2 / 2                         1          1
 //	SQLite      1 / 2 / 1                         1          1
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
@@ -514,11 +514,23 @@ func won(fence, lease int64, token string) store.Result {
 	return store.Result{Outcome: store.Won, Claim: store.Claim{Fence: fence, Token: token, LeaseExpiry: time.UnixMilli(lease)}}
 }
 
-// claimOne: Postgres, every outcome in one statement.
+// claimOne: Postgres. A plain insert first, which wins a fresh key; when
+// the key is taken, the full claim, every outcome in one statement. The
+// full claim also answers a resend of this claim (its token) whose
+// insert landed unseen: the record's own lease, fence 1, Won.
 func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, token string) (store.Result, error) {
-	var outcome, fence, until, now int64
+	args := []any{k, millis(lease), millis(b.ttl), token}
+	var until int64
+	err := b.queryRow(ctx, b.q.ClaimFresh, args, &until)
+	if err == nil {
+		return won(1, until, token), nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return store.Result{}, err
+	}
+	var outcome, fence, now int64
 	var fp sql.NullString
-	err := b.queryRow(ctx, b.q.Claim, []any{k, millis(lease), millis(b.ttl), token}, &outcome, &fence, &until, &now, &fp)
+	err = b.queryRow(ctx, b.q.Claim, args, &outcome, &fence, &until, &now, &fp)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
 		// the conflict saw the row, the snapshot did not. Look again.
