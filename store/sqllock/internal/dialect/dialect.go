@@ -145,14 +145,19 @@ WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`
 // every row carries (and the one row, its record columns NULL, when the
 // filter selects none of the window), continues the listing. The now is
 // read once, in the derived table c, as Read reads it.
+//
+// A CTE or derived table that a table named like it would shadow, or
+// collide with, in the statement that names both is named with a $ (w$,
+// and PostgreSQL's clock$, up$ and c$): no table name that sqllock.New
+// accepts holds one.
 func listSQL(lower, limit, state1, state2 string) string {
-	return `WITH w AS (
+	return `WITH w$ AS (
 	SELECT idem_key, state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint FROM {T}
 	WHERE idem_key >= ` + lower + `{UPPER} ORDER BY idem_key LIMIT ` + limit + `
 )
-SELECT (SELECT idem_key FROM w ORDER BY idem_key DESC LIMIT 1), (SELECT COUNT(*) FROM w),
+SELECT (SELECT idem_key FROM w$ ORDER BY idem_key DESC LIMIT 1), (SELECT COUNT(*) FROM w$),
 	f.idem_key, f.state, f.fence, f.lease_expiry_ms, f.expires_at_ms, f.token, f.fingerprint, c.ms
-FROM (SELECT {NOW} AS ms) c LEFT JOIN w f ON (` + state1 + ` = 0 OR f.state = ` + state2 + `)
+FROM (SELECT {NOW} AS ms) c LEFT JOIN w$ f ON (` + state1 + ` = 0 OR f.state = ` + state2 + `)
 ORDER BY f.idem_key`
 }
 
@@ -191,10 +196,10 @@ WHERE attrelid = to_regclass($1) AND attname = 'fingerprint' AND NOT attisdroppe
 		ClaimFresh: `INSERT INTO {T} (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint)
 SELECT $1, 1, 1, c.ms + $2, c.ms + $2 + $3, $4, NULL FROM (SELECT {NOW} AS ms) c
 ON CONFLICT (idem_key) DO NOTHING RETURNING lease_expiry_ms`,
-		Claim: `WITH clock AS (SELECT {NOW} AS ms),
-up AS (
+		Claim: `WITH clock$ AS (SELECT {NOW} AS ms),
+up$ AS (
 	INSERT INTO {T} AS r (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token)
-	SELECT $1, 1, 1, ms + $2, ms + $2 + $3, $4 FROM clock
+	SELECT $1, 1, 1, ms + $2, ms + $2 + $3, $4 FROM clock$
 	ON CONFLICT (idem_key) DO UPDATE SET
 		state = 1,
 		fence = CASE WHEN r.token = EXCLUDED.token THEN r.fence ELSE r.fence + 1 END,
@@ -206,23 +211,23 @@ up AS (
 	   OR (r.state = 2 AND r.expires_at_ms <= EXCLUDED.lease_expiry_ms - $2)
 	RETURNING fence, lease_expiry_ms
 )
-SELECT 1, fence, lease_expiry_ms, 0::bigint, NULL::text FROM up
+SELECT 1, fence, lease_expiry_ms, 0::bigint, NULL::text FROM up$
 UNION ALL
 SELECT CASE WHEN t.state = 2 THEN 2 ELSE 3 END, t.fence,
-       CASE WHEN t.state = 2 THEN t.expires_at_ms ELSE t.lease_expiry_ms END, clock.ms,
+       CASE WHEN t.state = 2 THEN t.expires_at_ms ELSE t.lease_expiry_ms END, clock$.ms,
        CASE WHEN t.state = 2 THEN t.fingerprint END
-FROM {T} t, clock WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up)`,
+FROM {T} t, clock$ WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up$)`,
 		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = $1`,
 		Complete:        pgComplete,
 		CompleteCounts:  true,
 		CompleteClaimed: pgComplete + ` AND state = 1 RETURNING 1`,
 		CompleteTx: pgComplete + ` AND state = 1
 RETURNING set_config('idle_in_transaction_session_timeout', '` + strconv.Itoa(CommitIdleMillis) + `', true)`,
-		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c.ms, expires_at_ms = c.ms + $3
-FROM (SELECT {NOW} AS ms) c
+		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c$.ms, expires_at_ms = c$.ms + $3
+FROM (SELECT {NOW} AS ms) c$
 WHERE idem_key = $1 AND fence = $2 AND token = $4 AND state = 1`,
-		Extend: `UPDATE {T} SET lease_expiry_ms = c.ms + $3, expires_at_ms = c.ms + $3 + $4
-FROM (SELECT {NOW} AS ms) c
+		Extend: `UPDATE {T} SET lease_expiry_ms = c$.ms + $3, expires_at_ms = c$.ms + $3 + $4
+FROM (SELECT {NOW} AS ms) c$
 WHERE idem_key = $1 AND fence = $2 AND token = $5 AND state = 1 RETURNING lease_expiry_ms`,
 		Purge: `DELETE FROM {T} WHERE idem_key IN (
 	SELECT idem_key FROM {T} WHERE expires_at_ms <= {NOW}
