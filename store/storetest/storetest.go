@@ -1550,7 +1550,7 @@ func cutMidCall(t *testing.T, e *env) {
 // lookalikeTokens: a claim with the holder's key, fence and lease but a
 // token that merely resembles the holder's (the holder's with a suffix, as
 // a record format that ends the token at a separator would read it, a
-// prefix of it, another case) completes, releases and extends nothing, on
+// prefix of it, the same in upper case) completes, releases and extends nothing, on
 // a claimed record and on a done one. A backend must compare the whole
 // token, byte for byte.
 func lookalikeTokens(t *testing.T, e *env) {
@@ -1558,6 +1558,9 @@ func lookalikeTokens(t *testing.T, e *env) {
 	holder := e.won(k, e.long())
 	tok := holder.Token
 	lookalikes := []string{tok + ",", tok + ",fp", tok + ",,x", tok + " ", tok + "0", tok[:len(tok)-1], strings.ToUpper(tok) + "X"}
+	if up := strings.ToUpper(tok); up != tok {
+		lookalikes = append(lookalikes, up) // a collation that ignores case
+	}
 	forged := func(token string) store.Claim {
 		c := holder
 		c.Token, c.Rev = token, 0

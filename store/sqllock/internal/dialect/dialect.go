@@ -130,8 +130,12 @@ WHERE idem_key = $1 AND fence = $2 AND token = $4`
 	expires_at_ms = CASE WHEN state = 1 THEN {NOW} + ?3 ELSE expires_at_ms END,
 	fingerprint = CASE WHEN state = 1 THEN ?5 ELSE fingerprint END
 WHERE idem_key = ?1 AND fence = ?2 AND token = ?4`
+	// MySQL compares a VARCHAR by its collation: without case (the
+	// default utf8mb4 collations) and, on MariaDB, without trailing spaces.
+	// Every token comparison is of bytes (a binary string on one side), so
+	// that only the claim's own token matches.
 	myComplete = `UPDATE {T} SET state = 2, expires_at_ms = {NOW} + ?, fingerprint = ?
-WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`
+WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 1`
 )
 
 // listSQL is SQL.List with its parameters: the lower bound, the limit,
@@ -337,24 +341,24 @@ WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ? AND column_name 
 		Insert: `INSERT IGNORE INTO {T} (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint)
 VALUES (?, 1, 1, LAST_INSERT_ID({NOW} + ?), {NOW} + ? + ?, ?, NULL)`,
 		Read: `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?`,
-		Reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = ?
+		Reclaim: `UPDATE {T} SET state = 1, fence = fence + 1, lease_expiry_ms = ?, expires_at_ms = ?, token = CAST(? AS BINARY)
 WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
 		Complete:        myComplete,
 		CompleteClaimed: myComplete,
 		CompleteTx:      myComplete + ` AND @@in_transaction = 1`,
-		IsDone:          `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
+		IsDone:          `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 2`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
-WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 1`,
 		Extend: `UPDATE {T} SET lease_expiry_ms = {NOW} + ?, expires_at_ms = {NOW} + ? + ?
-WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
-		Lease: `SELECT lease_expiry_ms FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 1`,
+WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 1`,
+		Lease: `SELECT lease_expiry_ms FROM {T} WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 1`,
 		Purge: `DELETE FROM {T} WHERE expires_at_ms <= {NOW} ORDER BY expires_at_ms LIMIT ?`,
 		// Its arguments: the lower bound, the upper bound (ListBelow), the
 		// limit, and the state twice.
 		List:   listSQL("?", "?", "?", "?"),
 		upper:  ` AND idem_key < ?`,
-		Forget: `DELETE FROM {T} WHERE idem_key = ? AND fence = ? AND token = ? AND state = 2`,
+		Forget: `DELETE FROM {T} WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 2`,
 	}
 }
 
