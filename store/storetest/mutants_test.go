@@ -68,6 +68,7 @@ var mutants = map[string][]string{
 	"release matches the fence but not the token":          {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
 	"extend matches the fence but not the token":           {"a_claim_from_before_its_record_was_deleted_cannot_touch_the_new_record"},
 	"complete takes a token that begins with the holder's": {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
+	"complete compares the token by a collation":           {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
 	"release takes a token that begins with the holder's":  {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
 	"extend takes a token that begins with the holder's":   {"a_claim_whose_token_only_resembles_the_holders_touches_nothing"},
 	"complete requires a live lease":                       {"complete_commits_after_the_lease_lapsed_if_nobody_reclaimed"},
@@ -219,6 +220,10 @@ func (m *mutant) is(bug string) bool { return m.bug == bug }
 func (m *mutant) tokenMatches(stored, given, verb string) bool {
 	if m.is(verb + " takes a token that begins with the holder's") {
 		return strings.HasPrefix(given, stored)
+	}
+	if m.is(verb + " compares the token by a collation") {
+		// MySQL's VARCHAR: no case, and on MariaDB no trailing spaces.
+		return strings.EqualFold(strings.TrimRight(stored, " "), strings.TrimRight(given, " "))
 	}
 	return stored == given
 }
