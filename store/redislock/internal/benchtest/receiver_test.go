@@ -38,8 +38,8 @@ import (
 // A rate limiter holds a request between the start of its goroutine and
 // its send, as a busy scheduler may, so that the interleaving is forced,
 // not waited for. If the test fails after an upgrade of sdk-go or the
-// framework, the defect may be fixed: drop the test and the paragraph of
-// docs/performance.md that cites it.
+// framework, the defect may be fixed: drop the test and the paragraphs of
+// docs/performance.md and docs/deploy.md that cite it.
 
 // holdLimiter holds each request whose Ce-Id is in hold until its channel
 // is closed.
