@@ -15,6 +15,7 @@ package txstorm
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -49,6 +50,23 @@ type Config[Tx any] struct {
 	// Timeout bounds the storm. Default: 4 minutes.
 	Timeout time.Duration
 
+	// Heartbeat, when positive, delivers with idempotency.WithHeartbeat
+	// of that interval, and makes bodies last up to two intervals, so
+	// that renewals run beside the body and its commit. It must be at
+	// least idempotency.MinHeartbeat and below Lease.
+	Heartbeat time.Duration
+	// PanicRate is the chance that a body panics after its write (the
+	// worker recovers the panic and nacks, as the functions framework
+	// answers a panicking handler with a 500).
+	PanicRate float64
+	// SwallowRate is the chance that a body, after its write, runs
+	// EndTx and returns nil whatever it returned: a body that logs a
+	// failed statement and goes on. Requires EndTx when positive.
+	SwallowRate float64
+	// EndTx makes the store end tx under the body in the engine's own
+	// way (see storetest.TxHarness.EndTx).
+	EndTx func(ctx context.Context, tx Tx) error
+
 	// Env is passed to the workers (addresses of the servers the parent
 	// started, for example).
 	Env []string
@@ -67,12 +85,13 @@ type Figures struct {
 	Orders, Workers           int
 	Deliveries                int // LockTx calls made by workers and the final sweep
 	Kills, WindowKills        int // SIGKILLs: of a worker delivering an order, and between a write and its commit
+	Panics, Swallowed         int // bodies that panicked, and that swallowed a statement that ended their transaction
 	Lost, Duplicated, Unknown int // orders with no row, with more than one, and rows of no order
 }
 
 func (f Figures) String() string {
-	return fmt.Sprintf("%d orders, %d workers, %d deliveries, %d kills (%d between the write and the commit): %d lost, %d duplicated, %d unknown rows",
-		f.Orders, f.Workers, f.Deliveries, f.Kills, f.WindowKills, f.Lost, f.Duplicated, f.Unknown)
+	return fmt.Sprintf("%d orders, %d workers, %d deliveries, %d kills (%d between the write and the commit), %d panics, %d swallowed errors: %d lost, %d duplicated, %d unknown rows",
+		f.Orders, f.Workers, f.Deliveries, f.Kills, f.WindowKills, f.Panics, f.Swallowed, f.Lost, f.Duplicated, f.Unknown)
 }
 
 const workerEnv = "TXSTORM_WORKER"
@@ -101,6 +120,17 @@ func (c *Config[Tx]) defaults() {
 	}
 }
 
+// check reports a configuration the storm cannot run.
+func (c *Config[Tx]) check() error {
+	if c.SwallowRate > 0 && c.EndTx == nil {
+		return fmt.Errorf("txstorm: SwallowRate %v needs EndTx", c.SwallowRate)
+	}
+	if c.Heartbeat > 0 && (c.Heartbeat < idempotency.MinHeartbeat || c.Heartbeat >= c.Lease) {
+		return fmt.Errorf("txstorm: Heartbeat %v must be within [%v, Lease %v)", c.Heartbeat, idempotency.MinHeartbeat, c.Lease)
+	}
+	return nil
+}
+
 func order(i int) string { return fmt.Sprintf("order-%05d", i) }
 
 // Run runs the storm and fails t if an order was lost or its effect
@@ -119,6 +149,9 @@ func Run[Tx any](t *testing.T, cfg Config[Tx]) Figures {
 	if f.Kills == 0 || f.WindowKills == 0 {
 		t.Errorf("txstorm: %d workers killed mid-delivery, %d between a write and its commit: the storm must do both to prove anything", f.Kills, f.WindowKills)
 	}
+	if (cfg.PanicRate > 0 && f.Panics == 0) || (cfg.SwallowRate > 0 && f.Swallowed == 0) {
+		t.Errorf("txstorm: %d bodies panicked and %d swallowed an ended transaction: the storm was asked for both", f.Panics, f.Swallowed)
+	}
 	return f
 }
 
@@ -127,6 +160,9 @@ func Run[Tx any](t *testing.T, cfg Config[Tx]) Figures {
 func Storm[Tx any](t *testing.T, cfg Config[Tx]) Figures {
 	t.Helper()
 	cfg.defaults()
+	if err := cfg.check(); err != nil {
+		t.Fatal(err)
+	}
 	if IsWorker() {
 		work(t, cfg)
 		return Figures{}
@@ -148,19 +184,14 @@ func work[Tx any](t *testing.T, cfg Config[Tx]) {
 		out.WriteString(s + "\n")
 		out.Flush()
 	}
+	opts := []idempotency.LockOption{idempotency.WithLease(cfg.Lease), idempotency.WithSettleTimeout(5 * time.Second)}
+	if cfg.Heartbeat > 0 {
+		opts = append(opts, idempotency.WithHeartbeat(cfg.Heartbeat))
+	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		name := in.Text()
-		err := idempotency.LockTx(ctx, b, name, func(ctx context.Context, tx Tx) error {
-			if err := cfg.Write(ctx, tx, name); err != nil {
-				return err
-			}
-			if rand.Float64() < cfg.WindowRate {
-				say("window " + name)
-				time.Sleep(300 * time.Millisecond) // the storm kills us here
-			}
-			return nil
-		}, idempotency.WithLease(cfg.Lease), idempotency.WithSettleTimeout(5*time.Second))
+		err := deliver(ctx, b, name, cfg, say, opts)
 		switch {
 		case err == nil || idempotency.IsOwnDuplicate(err, name):
 			say("ack " + name)
@@ -169,6 +200,44 @@ func work[Tx any](t *testing.T, cfg Config[Tx]) {
 		}
 	}
 	os.Exit(0)
+}
+
+// errPanicked is a delivery whose body panicked: the worker nacks it.
+var errPanicked = errors.New("txstorm: the body panicked")
+
+// deliver is one delivery of order name: LockTx with a body that writes
+// the order's row and then, by the configured chances, waits for the
+// storm to kill it, runs beside the heartbeat, panics, or ends its
+// transaction and swallows the error.
+func deliver[Tx any](ctx context.Context, b store.TxBackend[Tx], name string, cfg Config[Tx], say func(string), opts []idempotency.LockOption) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = errPanicked
+		}
+	}()
+	return idempotency.LockTx(ctx, b, name, func(ctx context.Context, tx Tx) error {
+		if err := cfg.Write(ctx, tx, name); err != nil {
+			return err
+		}
+		if cfg.Heartbeat > 0 {
+			// Up to two renewals while the body runs, and one may land
+			// during the commit.
+			time.Sleep(time.Duration(rand.Int64N(int64(2 * cfg.Heartbeat))))
+		}
+		if rand.Float64() < cfg.WindowRate {
+			say("window " + name)
+			time.Sleep(300 * time.Millisecond) // the storm kills us here
+		}
+		switch r := rand.Float64(); {
+		case r < cfg.PanicRate:
+			say("panic " + name)
+			panic("txstorm: the body panics after its write")
+		case r < cfg.PanicRate+cfg.SwallowRate:
+			say("swallow " + name)
+			cfg.EndTx(ctx, tx) // its error is swallowed, as a careless body would
+		}
+		return nil
+	}, opts...)
 }
 
 type worker struct {
@@ -239,6 +308,10 @@ func storm[Tx any](t *testing.T, cfg Config[Tx]) Figures {
 						pending = append(pending, name)
 						mu.Unlock()
 					}()
+				case "panic":
+					f.Panics++
+				case "swallow":
+					f.Swallowed++
 				case "window":
 					if rand.IntN(2) == 0 {
 						f.WindowKills++

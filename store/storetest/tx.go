@@ -32,6 +32,29 @@ type TxHarness[Tx any] struct {
 	// retry on an abort or a conflict). Nil skips the case about retried
 	// transactions, for a store that never retries.
 	Retry error
+
+	// Read returns, read in tx, how many rows carry id: the body's own
+	// read, which on a store that locks what a transaction reads
+	// (Firestore, Spanner, a SELECT ... FOR UPDATE) takes those locks.
+	// The case about a panicking body reads with it, and then checks
+	// that another transaction can read and write the same rows at once.
+	// Nil skips that read (the rest of the case still runs); every
+	// backend of this module provides it.
+	Read func(ctx context.Context, tx Tx, id string) (int, error)
+
+	// EndTx makes the store itself end tx while the body runs, the way
+	// the engine does on its own when a statement fails (SQLite
+	// interrupting a statement whose context ended, PostgreSQL aborting
+	// the transaction on any failed statement, MariaDB rolling it back
+	// on a deadlock, an abort by Spanner, Datastore or Firestore), and
+	// returns that statement's error. The cases call it from a body that
+	// then swallows the error and returns nil, as a careless body would:
+	// whatever the store does next, the Done mark must not commit
+	// without the body's writes. A store that retries the transaction
+	// after such an end may do so (the case then checks the retry
+	// committed once). Nil skips the case about a transaction the store
+	// ended; every backend of this module provides it.
+	EndTx func(ctx context.Context, tx Tx) error
 }
 
 type txRule[Tx any] struct {
@@ -45,6 +68,8 @@ type txEnv[Tx any] struct {
 	write func(ctx context.Context, tx Tx, id string) error
 	count func(ctx context.Context, id string) (int, error)
 	retry error
+	read  func(ctx context.Context, tx Tx, id string) (int, error)
+	endTx func(ctx context.Context, tx Tx) error
 }
 
 // RunTx runs every case about [store.TxCompleter] as a subtest of t: the
@@ -78,7 +103,7 @@ func RunTx[Tx any](t *testing.T, newHarness func(t *testing.T) TxHarness[Tx]) {
 			if h.Write == nil || h.Count == nil {
 				t.Fatal("storetest: TxHarness.Write and TxHarness.Count are required")
 			}
-			r.run(t, &txEnv[Tx]{env: newEnv(t, h.Harness), b: b, write: h.Write, count: h.Count, retry: h.Retry})
+			r.run(t, &txEnv[Tx]{env: newEnv(t, h.Harness), b: b, write: h.Write, count: h.Count, retry: h.Retry, read: h.Read, endTx: h.EndTx})
 		})
 	}
 }
