@@ -197,7 +197,8 @@ func (l *Lock) Release(ctx context.Context, c store.Claim) error {
 }
 
 // Extend implements store.Extender: the lease runs for lease from the
-// server's time (its upper bound) when the update was sent.
+// server's time (its upper bound) when the update was sent. It waits while
+// a transactional completion of c holds its turn ([Lock.Committing]).
 func (l *Lock) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
@@ -205,6 +206,11 @@ func (l *Lock) Extend(ctx context.Context, c store.Claim, lease time.Duration) (
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
 	}
+	end, err := l.gates.enter(ctx, gateOf(c))
+	if err != nil {
+		return c, fmt.Errorf("%s: extend %q fence %d: %w", l.name, c.Key, c.Fence, err)
+	}
+	defer end()
 	res, err := l.change(ctx, c, func(cur Record, now time.Time) (Record, bool) {
 		if !holds(cur, c) || cur.State != StateClaimed {
 			return cur, false

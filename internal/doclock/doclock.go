@@ -59,6 +59,7 @@ type Lock struct {
 	ttl   time.Duration
 	clock *Clock
 	st    Store
+	gates gates // renewals and transactional completions of a claim take turns
 }
 
 // New returns the Lock of backend name (its package name, for errors)

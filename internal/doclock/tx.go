@@ -2,39 +2,120 @@ package doclock
 
 import (
 	"context"
-	"time"
+	"fmt"
+	"sync"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-// TxBasis is what a completion inside a transaction (a backend's
-// CompleteTx) writes its Done record from. The transaction itself cannot
-// tell the server's time (its commit time is known only after it), so the
-// instants follow the rules of the other writes: with a fresh estimate of
-// the server's time and a claim that carries the record's version, Now is
-// the estimate's upper bound and Cur is the record as the claim left it
-// (no request); otherwise TxBase reads the record, and Now is that read's
-// read_time carried forward (see Clock.after), Cur the record it read.
-type TxBasis struct {
-	Cur  Record
-	Now  time.Time
-	Held bool // Cur is Claimed with the claim's fence and token
+// TxDone returns the Done record that a completion of claim c inside a
+// transaction (a backend's CompleteTx) writes with fingerprint fp, from
+// cur, the record as the transaction itself read it after the body (found
+// is false when there was none). held is false when cur is not Claimed
+// with c's fence and token: the transaction must not mark it.
+//
+// The record keeps cur's fence, token and lease (a renewal's included);
+// it expires a ttl after the server's time, which follows the rules of the
+// other writes, as the transaction cannot tell it (its commit time is
+// known only after it): the estimate's upper bound when it is fresh; else
+// the read_time of rd (the transaction's read, when the service stamped
+// it) carried forward; else that of a read of the record outside the
+// transaction.
+func (l *Lock) TxDone(ctx context.Context, c store.Claim, fp string, cur Record, found bool, rd *Reading) (next Record, held bool, err error) {
+	if !found || !holds(cur, c) || cur.State != StateClaimed {
+		return cur, false, nil
+	}
+	now, ok := l.clock.estimate()
+	if !ok && rd != nil && rd.Exact {
+		now, ok = l.clock.after(*rd)
+	}
+	if !ok {
+		_, _, out, err := l.st.Read(ctx, c.Key)
+		if err != nil {
+			return cur, false, fmt.Errorf("server time: %w", err)
+		}
+		if now, ok = l.clock.after(out); !ok {
+			return cur, false, fmt.Errorf("server time: %w", ErrNoServerTime)
+		}
+	}
+	next = cur
+	next.State, next.Exp, next.Fingerprint = StateDone, instant(now, l.ttl), fp
+	return next, true, nil
 }
 
-// TxBase returns the base of a transactional completion of claim c (see
-// [TxBasis]). Held is false when a read found the record gone, or not
-// Claimed by c.
-func (l *Lock) TxBase(ctx context.Context, c store.Claim) (TxBasis, error) {
-	if now, fresh := l.clock.estimate(); fresh && c.Rev != 0 {
-		return TxBasis{Cur: fromClaim(c, l.ttl), Now: now, Held: true}, nil
+// Committing keeps the renewals ([Lock.Extend]) of claim c away from its
+// completion inside a transaction: it waits until no renewal of c (same
+// key, fence and token) is in flight, and until the returned end is
+// called no renewal of c starts (they wait for it). A backend's CompleteTx
+// holds it from its read of the record in the transaction, after the body,
+// until the commit has answered: a renewal that wrote the record in
+// between would abort the transaction (Datastore) or wait on its lock
+// (Firestore), and an aborted transaction runs the body again, which a
+// heartbeat's own renewals must not cause. Renewals of c while the body
+// runs are not held back; the transaction does not read the record then.
+//
+// It returns an error wrapping ctx's when ctx ends before the renewals in
+// flight do.
+func (l *Lock) Committing(ctx context.Context, c store.Claim) (end func(), err error) {
+	return l.gates.enter(ctx, gateOf(c))
+}
+
+// gateKey names a claim: renewals and the transactional completion of
+// the same claim take turns.
+type gateKey struct {
+	key, token string
+	fence      int64
+}
+
+func gateOf(c store.Claim) gateKey { return gateKey{key: c.Key, token: c.Token, fence: c.Fence} }
+
+// gates lets one party at a time work on a claim's record: a renewal, or a
+// transactional completion between its read and its commit. The zero
+// value is ready to use.
+type gates struct {
+	mu sync.Mutex
+	m  map[gateKey]*gate
+}
+
+// gate is one claim's turn: a channel of one slot, and the number of
+// parties that hold it or wait for it (the entry is dropped at zero).
+type gate struct {
+	slot  chan struct{}
+	users int
+}
+
+// enter waits for k's turn (or ctx's end) and returns the function that
+// ends it.
+func (g *gates) enter(ctx context.Context, k gateKey) (func(), error) {
+	g.mu.Lock()
+	if g.m == nil {
+		g.m = map[gateKey]*gate{}
 	}
-	r, found, rd, err := l.st.Read(ctx, c.Key)
-	if err != nil {
-		return TxBasis{}, err
+	e := g.m[k]
+	if e == nil {
+		e = &gate{slot: make(chan struct{}, 1)}
+		g.m[k] = e
 	}
-	now, ok := l.clock.after(rd)
-	if !ok {
-		return TxBasis{}, ErrNoServerTime
+	e.users++
+	g.mu.Unlock()
+	leave := func() {
+		g.mu.Lock()
+		if e.users--; e.users == 0 {
+			delete(g.m, k)
+		}
+		g.mu.Unlock()
 	}
-	return TxBasis{Cur: r, Now: now, Held: found && holds(r, c) && r.State == StateClaimed}, nil
+	select {
+	case e.slot <- struct{}{}:
+	case <-ctx.Done():
+		leave()
+		return nil, fmt.Errorf("waiting for the claim's renewal or commit in flight: %w", ctx.Err())
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			<-e.slot
+			leave()
+		})
+	}, nil
 }

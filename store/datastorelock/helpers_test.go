@@ -77,6 +77,9 @@ type rpcs struct {
 	// afterLookup, when set, runs when a Lookup's reply has arrived,
 	// before the backend hears of it.
 	afterLookup func()
+	// afterTxLookup, when set, runs when the reply of a Lookup in a
+	// transaction has arrived, before the caller hears of it.
+	afterTxLookup func()
 }
 
 func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -91,6 +94,9 @@ func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc 
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if err == nil && name == "Lookup" && r.afterLookup != nil {
 		r.afterLookup()
+	}
+	if lr, ok := req.(*pb.LookupRequest); ok && err == nil && lr.GetReadOptions().GetTransaction() != nil && r.afterTxLookup != nil {
+		r.afterTxLookup()
 	}
 	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
 		r.lose()

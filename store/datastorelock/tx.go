@@ -41,16 +41,21 @@ const settleTimeout = 30 * time.Second
 // The record is read after body returns, so the transaction does not hold
 // it while body runs: a concurrent Claim of the key gets HeldByOther at
 // once (on Firestore in Datastore mode, whose transactions lock what they
-// read, the lock lasts from that read to the commit).
+// read, the lock lasts from that read to the commit). Renewals of c
+// through this Backend (Extend, as WithHeartbeat sends them) wait from
+// that read to the commit's answer: a renewal that wrote the record in
+// between would abort the transaction and run body again. Renewals while
+// body runs change nothing that the transaction read.
 //
-// The Done record expires a ttl after the server's time as every other
-// write of the backend bases it (see Clock in the package doc): the
-// estimate's upper bound when it is fresh and c carries its record's
-// version, else the read_time of a read of the record carried forward.
-// The transaction's commit time is not known before it commits.
+// The Done record (its lease as the last renewal left it) expires a ttl
+// after the server's time as every other write of the backend bases it
+// (see Clock in the package doc): the estimate's upper bound when it is
+// fresh, else the read_time of a read of the record (outside the
+// transaction) carried forward. The transaction's commit time is not
+// known before it commits.
 //
 // When body returns an error it rolls back and returns an error wrapping
-// it. When body (or a read in the transaction, or the commit) fails with
+// it; when body panics, it rolls back, and the panic goes on. When body (or a read in the transaction, or the commit) fails with
 // datastore.ErrConcurrentTransaction or Aborted, the transaction is rolled
 // back and a fresh one begun, calling body again (at most 5 transactions
 // in all): only the writes of the transaction that commits exist, and
@@ -129,36 +134,44 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 	if err := body(ctx, tx); err != nil {
 		return false, fail("body", err)
 	}
-	base, err := b.lk.TxBase(ctx, c)
+	// From the read of the record to the commit's answer, renewals of c
+	// wait: one that wrote the record in between would abort the
+	// transaction, and the body would run again.
+	end, err := b.lk.Committing(ctx, c)
 	if err != nil {
-		return false, fail("server time", err)
+		return false, fail("read the record", err)
 	}
-	if !base.Held {
-		return false, nil
-	}
+	defer end()
 	k := datastore.NameKey(b.kind, Name(c.Key), nil)
 	k.Namespace = b.namespace
-	var props datastore.PropertyList
+	var (
+		props datastore.PropertyList
+		cur   doclock.Record
+		found = true
+	)
 	switch err := tx.Get(k, &props); {
 	case errors.Is(err, datastore.ErrNoSuchEntity):
-		return false, nil
+		found = false
 	case err != nil:
 		return false, fail("read the record", err)
+	default:
+		if cur, err = decodeProps(props); err != nil {
+			return false, fail("read the record", err)
+		}
 	}
-	cur, err := decodeProps(props)
+	next, held, err := b.lk.TxDone(ctx, c, fp, cur, found, nil)
 	if err != nil {
-		return false, fail("read the record", err)
+		return false, fail("the done record", err)
 	}
-	if cur.State != doclock.StateClaimed || cur.Fence != c.Fence || cur.Token != c.Token {
+	if !held {
 		return false, nil
 	}
-	next := cur
-	next.State, next.Exp, next.Fingerprint = doclock.StateDone, store.Instant(base.Now, time.Microsecond, b.ttl), fp
 	props = recordProps(next)
 	if _, err := tx.Put(k, &props); err != nil {
 		return false, fail("put the record", err)
 	}
 	_, err = tx.Commit()
+	end()
 	if err == nil {
 		finished = true
 		return true, nil

@@ -3,12 +3,14 @@ package datastorelock_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/datastore"
 
+	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
@@ -398,5 +400,140 @@ func TestCompleteTxValidatesFirst(t *testing.T) {
 	}
 	if calls := r.take(); len(calls) != 0 {
 		t.Fatalf("RPCs sent: %v", calls)
+	}
+}
+
+// A body that panics after reading an entity in its transaction leaves
+// nothing of the transaction open: CompleteTx rolls it back (a Rollback
+// is sent) and panics again with the body's value. A plain write to the
+// entity then succeeds, and a transaction that reads and writes it
+// commits; the body's write does not exist, and the claim still holds the
+// key.
+func TestCompleteTxBodyPanicRollsBackAndLeavesNoLock(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	ctx := t.Context()
+	ent := datastore.NameKey("Counter", "read-by-the-body", nil)
+	ent.Namespace = s.ns
+	if _, err := s.client.Put(ctx, ent, &order{ID: "0"}); err != nil {
+		t.Fatal(err)
+	}
+	c := claim(t, b, "k", time.Minute)
+	r.take()
+	boom := errors.New("boom")
+	got := func() (v any) {
+		defer func() { v = recover() }()
+		_, _ = b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+			var o order
+			if err := tx.Get(ent, &o); err != nil {
+				return err
+			}
+			if err := s.write(tx, "k"); err != nil {
+				return err
+			}
+			panic(boom)
+		})
+		return nil
+	}()
+	if got != boom {
+		t.Fatalf("CompleteTx recovered %v, want the body's panic value %v", got, boom)
+	}
+	if calls := r.take(); !slices.Contains(calls, "Rollback") || slices.Contains(calls, "Commit") {
+		t.Fatalf("RPCs of the panicking CompleteTx: %v, want a Rollback and no Commit", calls)
+	}
+	if _, err := s.client.Put(ctx, ent, &order{ID: "1"}); err != nil {
+		t.Fatalf("a plain write to the entity the panicking body read: %v", err)
+	}
+	_, err := s.client.RunInTransaction(ctx, func(tx *datastore.Transaction) error {
+		var o order
+		if err := tx.Get(ent, &o); err != nil {
+			return err
+		}
+		_, err := tx.Put(ent, &order{ID: "2"})
+		return err
+	}, datastore.MaxAttempts(1))
+	if err != nil {
+		t.Fatalf("a transaction reading the entity the panicking body read: %v", err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes of the panicking body committed, want 0", n)
+	}
+	if res, err := b.Claim(ctx, "k", time.Minute); err != nil || res.Outcome != store.HeldByOther {
+		t.Fatalf("claim after the panic: %v %v, want HeldByOther (no mark, the claim still holds)", res.Outcome, err)
+	}
+}
+
+// Under WithHeartbeat, with no other writer, the body runs once: the
+// renewals of the claim while the body runs (each writes the record) do
+// not make the transaction run again.
+func TestLockTxUnderAHeartbeatRunsTheBodyOnce(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	var calls atomic.Int32
+	err := idempotency.LockTx(t.Context(), b, "k", func(ctx context.Context, tx *datastore.Transaction) error {
+		calls.Add(1)
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		// Long enough for three renewals.
+		select {
+		case <-time.After(350 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, idempotency.WithLease(2*time.Second), idempotency.WithHeartbeat(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("LockTx: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the body ran %d times, want 1", n)
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if r, err := b.Claim(t.Context(), "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
+		t.Fatalf("claim after LockTx: %v %v, want AlreadyDone", r.Outcome, err)
+	}
+}
+
+// A renewal of the claim sent between the transaction's read of the
+// record (after the body) and its commit does not make the body run again:
+// it waits for the commit (and then finds the key Done), where a renewal
+// that wrote the record in between would abort the transaction. The test
+// gives the renewal up to 200ms to land before the commit goes ahead.
+func TestCompleteTxRenewedBeforeItsCommitRunsTheBodyOnce(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	ctx := t.Context()
+	c := claim(t, b, "k", time.Minute)
+	var sent atomic.Bool
+	renewed := make(chan error, 1)
+	r.afterTxLookup = func() {
+		if sent.CompareAndSwap(false, true) {
+			go func() {
+				_, err := b.Extend(ctx, c, time.Hour)
+				renewed <- err
+			}()
+			select {
+			case err := <-renewed:
+				renewed <- err
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	var calls atomic.Int32
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		calls.Add(1)
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil || calls.Load() != 1 {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 1", ok, err, calls.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if err := <-renewed; !errors.Is(err, store.ErrLost) {
+		t.Fatalf("the renewal after the commit: %v, want ErrLost (the key is Done)", err)
 	}
 }

@@ -52,7 +52,10 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 }
 
 // Extend implements store.Extender: the lease runs for lease from the
-// server's time (its upper bound) when the write was sent.
+// server's time (its upper bound) when the write was sent. While this
+// Backend's CompleteTx of the same claim is between its read of the record
+// and its commit's answer, Extend waits for it (or for ctx's end), and then
+// finds the record Done when the commit landed (store.ErrLost).
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	return b.lk.Extend(ctx, c, lease)
 }

@@ -66,14 +66,23 @@ func tsTime(ts *timestamppb.Timestamp) time.Time {
 // lookupName reads the document name with one BatchGetDocuments call,
 // whose reply carries the read_time the record is judged by.
 func (b *Backend) lookupName(ctx context.Context, name string) (r doclock.Record, found bool, rd doclock.Reading, err error) {
-	err = b.retry(ctx, func() error {
+	return b.lookup(ctx, name, nil)
+}
+
+// lookup is lookupName in transaction tx (none when nil). In a
+// transaction, Aborted is not retried: the transaction is over.
+func (b *Backend) lookup(ctx context.Context, name string, tx []byte) (r doclock.Record, found bool, rd doclock.Reading, err error) {
+	req := &pb.BatchGetDocumentsRequest{Database: b.db, Documents: []string{name}}
+	again := retryable
+	if tx != nil {
+		req.ConsistencySelector = &pb.BatchGetDocumentsRequest_Transaction{Transaction: tx}
+		again = func(err error) bool { return status.Code(err) != codes.Aborted && retryable(err) }
+	}
+	err = b.policy.Do(ctx, func(int) error {
 		sent := b.now()
 		cctx, cancel := context.WithCancel(b.ctx(ctx))
 		defer cancel()
-		stream, err := b.rpc.BatchGetDocuments(cctx, &pb.BatchGetDocumentsRequest{
-			Database:  b.db,
-			Documents: []string{name},
-		})
+		stream, err := b.rpc.BatchGetDocuments(cctx, req)
 		if err != nil {
 			return err
 		}
@@ -101,7 +110,7 @@ func (b *Backend) lookupName(ctx context.Context, name string) (r doclock.Record
 		r, err = decode(doc)
 		found = err == nil
 		return err
-	})
+	}, again)
 	return r, found, rd, err
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/firestore"
+	pb "cloud.google.com/go/firestore/apiv1/firestorepb"
 	"google.golang.org/api/option"
 	gtransport "google.golang.org/api/transport/grpc"
 	"google.golang.org/grpc"
@@ -26,8 +27,10 @@ var _ store.TxBackend[*firestore.Transaction] = (*Backend)(nil)
 const settleTimeout = 30 * time.Second
 
 // staleRounds bounds how often CompleteTx runs the transaction again
-// because the claim's version of the record was stale (the record changed,
-// still held by the claim: an Extend through another copy of the claim).
+// because the commit's precondition failed on a record that the claim
+// still holds, changed since the transaction read it (which the read's
+// lock rules out, unless a renewal through another Backend wrote it
+// anyway).
 const staleRounds = 3
 
 // CompleteTx implements store.TxCompleter: it completes claim c in a
@@ -36,28 +39,35 @@ const staleRounds = 3
 // builds on them), together with whatever body writes in it.
 //
 // It runs the transaction with the client's RunTransaction: body is called
-// with it, and then the Done record, exactly as CompleteFingerprint writes
-// it (fingerprint fp, none when empty), is added to its writes with the
-// precondition that the record's update time is still the one the claim
-// left (store.Claim.Rev), which only the record Claimed by c has. The
-// transaction commits once: body's writes and the Done record land
-// together or not at all. When the precondition fails (c was replaced,
-// released or completed), nothing commits and CompleteTx returns false,
-// nil. The transaction never reads the record (Firestore's client refuses
-// reads after writes, and its reads take locks): nothing of it is locked
-// while body runs, so a concurrent Claim of the key gets HeldByOther at
-// once. When the claim carries no version, or the server's time is not
-// known, the record is read (outside the transaction) after body, and the
-// precondition is the update time of that read.
+// with it, and then the transaction reads c's record (a read in the
+// transaction, sent on the Backend's connection, as the client refuses
+// reads after body's writes). If the record is Claimed with c's fence and
+// token, the Done record, exactly as CompleteFingerprint writes it
+// (fingerprint fp, none when empty; the lease as the last renewal left
+// it), is added to its writes with the precondition that the record's
+// update time is still the one that read saw. The transaction commits
+// once: body's writes and the Done record land together or not at all.
+// When c no longer holds the record (it was replaced, released or
+// completed), nothing commits and CompleteTx returns false, nil. The
+// record is read only after body returns, so nothing of it is locked
+// while body runs: a concurrent Claim of the key gets HeldByOther at once;
+// the read's lock lasts until the commit. Renewals of c through this
+// Backend (Extend, as WithHeartbeat sends them) wait from that read to
+// the commit's answer, so that the heartbeat's own renewals never make
+// the transaction run body again; renewals while body runs change nothing
+// that the transaction read.
 //
 // The Done record expires a ttl after the server's time as every other
 // write of the backend bases it (see Clock in the package doc): the
-// estimate's upper bound when it is fresh, else the read_time of that read
-// carried forward. The transaction's commit time is not known before it
-// commits; it refreshes the estimate afterwards.
+// estimate's upper bound when it is fresh, else the read_time of the
+// transaction's read carried forward. The transaction's commit time is not
+// known before it commits; it refreshes the estimate afterwards.
 //
 // When body returns an error, it rolls back and returns an error wrapping
-// it. When Firestore aborts the transaction (a contended read of body's:
+// it. When body panics (or calls runtime.Goexit), it rolls the transaction
+// back on a context of its own (5s, not cancelled with ctx), so that
+// nothing body read stays locked, and the panic goes on with body's value.
+// When Firestore aborts the transaction (a contended read of body's:
 // Aborted, from body or from the commit), the client rolls back and runs
 // it again with a fresh transaction, calling body again (at most 5
 // transactions): only the writes of the transaction that commits exist,
@@ -99,7 +109,6 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 		if !stale || round+1 == staleRounds {
 			return done, err
 		}
-		c.Rev = 0 // read the record, and base the write on it
 	}
 }
 
@@ -112,29 +121,61 @@ var errFenced = errors.New("the claim no longer holds the record")
 // again on the record as it is.
 func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c store.Claim, fp string, body func(context.Context, *firestore.Transaction) error) (done, stale bool, err error) {
 	doc := client.Collection(b.collection).Doc(Name(c.Key))
-	sends := &commits{}
-	ctx = context.WithValue(ctx, commitsKey{}, sends)
+	calls := &txCalls{}
+	ctx = context.WithValue(ctx, txCallsKey{}, calls)
 	var (
 		committing bool // the last attempt's body returned, and its commit was sent
 		next       doclock.Record
 		sent       time.Time
 		cr         firestore.CommitResponse
+		end        func() // ends the commit's turn on c (Committing)
 	)
-	err = client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) error {
+	endTurn := func() {
+		if end != nil {
+			end()
+			end = nil
+		}
+	}
+	defer endTurn()
+	err = client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) (err error) {
+		endTurn() // an earlier attempt's, whose commit was aborted
 		committing = false
-		sends.n.Store(0)
-		if err := body(ctx, tx); err != nil {
+		calls.commits.Store(0)
+		id := calls.tx()
+		returned := false
+		defer func() {
+			if !returned {
+				// body panicked (or called runtime.Goexit): the client
+				// never rolls back, and the transaction would keep
+				// what it read locked until the server expires it.
+				b.rollback(ctx, id)
+			}
+		}()
+		err = body(ctx, tx)
+		returned = true
+		if err != nil {
 			return err
 		}
-		base, err := b.lk.TxBase(ctx, c)
-		if err != nil {
-			return fmt.Errorf("server time: %w", err)
+		// From the read of the record to the commit's answer, renewals of
+		// c wait: they would wait on the read's lock, or abort the
+		// transaction, which would run the body again.
+		if end, err = b.lk.Committing(ctx, c); err != nil {
+			return fmt.Errorf("read the record: %w", err)
 		}
-		if !base.Held {
+		// Read in the transaction, with the client's own read refused
+		// after body's writes: the record is locked from here to the
+		// commit, never while body runs.
+		cur, found, rd, err := b.lookup(ctx, b.docName(c.Key), id)
+		if err != nil {
+			return fmt.Errorf("read the record: %w", err)
+		}
+		var held bool
+		if next, held, err = b.lk.TxDone(ctx, c, fp, cur, found, &rd); err != nil {
+			return err
+		}
+		if !held {
 			return errFenced
 		}
-		next = base.Cur
-		next.State, next.Exp, next.Fingerprint = doclock.StateDone, store.Instant(base.Now, time.Microsecond, b.ttl), fp
 		var fpv any = firestore.Delete
 		if fp != "" {
 			fpv = fp
@@ -146,12 +187,13 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 			{Path: fieldExpiresAt, Value: next.Exp},
 			{Path: fieldToken, Value: next.Token},
 			{Path: fieldFP, Value: fpv},
-		}, firestore.LastUpdateTime(unrev(base.Cur.Version))); err != nil {
+		}, firestore.LastUpdateTime(unrev(cur.Version))); err != nil {
 			return err
 		}
 		committing, sent = true, b.now()
 		return nil
 	}, firestore.WithCommitResponseTo(&cr))
+	endTurn()
 	switch {
 	case err == nil:
 		if at := cr.CommitTime(); at.After(time.Unix(0, 0)) {
@@ -166,10 +208,26 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		// Aborted at every attempt: none applied.
 		return false, false, fmt.Errorf("firestorelock: complete %q fence %d in a transaction: commit: %w", c.Key, c.Fence, err)
 	case status.Code(err) == codes.FailedPrecondition || status.Code(err) == codes.NotFound:
-		return b.refused(ctx, c, next, sends.n.Load() > 1, err)
+		return b.refused(ctx, c, next, calls.commits.Load() > 1, err)
 	}
 	done, err = b.settle(ctx, c, err)
 	return done, false, err
+}
+
+// rollbackTimeout bounds the rollback of a transaction whose body
+// panicked.
+const rollbackTimeout = 5 * time.Second
+
+// rollback ends transaction tx (nil: none began), on a context of its own
+// (ctx may have ended), ignoring a failure: the server then ends it when
+// it expires.
+func (b *Backend) rollback(ctx context.Context, tx []byte) {
+	if tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_, _ = b.rpc.Rollback(b.ctx(ctx), &pb.RollbackRequest{Database: b.db, Transaction: tx})
 }
 
 // refused decides a commit whose precondition failed: the record is no
@@ -249,13 +307,26 @@ func (b *Backend) connOption() []option.ClientOption {
 	return []option.ClientOption{option.WithGRPCConn(nil), gtransport.WithConnPool(sharedConn{b.conn})}
 }
 
-// commits counts the Commit calls that the firestore client sends on the
-// context of one transaction: more than one means that it sent the commit
-// again (it does after Unavailable), so a refused precondition may be the
-// refusal of a resend whose first send applied.
-type commits struct{ n atomic.Int32 }
+// txCalls is what sharedConn sees of one CompleteTx's calls: the
+// transaction the firestore client began last (its BeginTransaction
+// reply), and how many Commit calls it sent for the current attempt: more
+// than one means that it sent the commit again (it does after
+// Unavailable), so a refused precondition may be the refusal of a resend
+// whose first send applied.
+type txCalls struct {
+	commits atomic.Int32
+	mu      sync.Mutex
+	id      []byte
+}
 
-type commitsKey struct{}
+// tx returns the transaction the client began last (nil when none).
+func (c *txCalls) tx() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.id
+}
+
+type txCallsKey struct{}
 
 // sharedConn lends the Backend's connection to the firestore client as a
 // pool of one that its Close leaves open.
@@ -269,11 +340,19 @@ func (s sharedConn) Conn() *grpc.ClientConn {
 
 func (sharedConn) Num() int { return 1 }
 
-// Invoke counts a Commit on a context that CompleteTx marked.
+// Invoke counts a Commit, and keeps the transaction of a
+// BeginTransaction reply, on a context that CompleteTx marked.
 func (s sharedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	if n, ok := ctx.Value(commitsKey{}).(*commits); ok && strings.HasSuffix(method, "/Commit") {
-		n.n.Add(1)
+	calls, ok := ctx.Value(txCallsKey{}).(*txCalls)
+	if ok && strings.HasSuffix(method, "/Commit") {
+		calls.commits.Add(1)
 	}
-	return s.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	err := s.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if res, isBegin := reply.(*pb.BeginTransactionResponse); ok && isBegin && err == nil {
+		calls.mu.Lock()
+		calls.id = res.GetTransaction()
+		calls.mu.Unlock()
+	}
+	return err
 }
 func (sharedConn) Close() error { return nil }

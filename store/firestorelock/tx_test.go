@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
@@ -317,10 +318,10 @@ func TestCompleteTxRetriedCommitsOnce(t *testing.T) {
 }
 
 // A claim whose version of the record is stale (it was extended through
-// another copy of the claim) still completes: the refused precondition
-// reads the record, and the transaction runs again on it, keeping the
-// extended lease.
-func TestCompleteTxOnAStaleClaimVersionRunsAgain(t *testing.T) {
+// another copy of the claim) still completes, with the body run once: the
+// transaction reads the record after the body and keeps the extended
+// lease.
+func TestCompleteTxOnAStaleClaimVersionRunsTheBodyOnce(t *testing.T) {
 	s := newSink(t)
 	b, _ := newBackend(t)
 	ctx := t.Context()
@@ -334,8 +335,8 @@ func TestCompleteTxOnAStaleClaimVersionRunsAgain(t *testing.T) {
 		calls.Add(1)
 		return s.write(tx, "k")
 	})
-	if !ok || err != nil || calls.Load() != 2 {
-		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 2", ok, err, calls.Load())
+	if !ok || err != nil || calls.Load() != 1 {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 1", ok, err, calls.Load())
 	}
 	if n := s.count(t, "k"); n != 1 {
 		t.Fatalf("%d writes committed, want 1", n)
@@ -385,5 +386,92 @@ func TestCompleteTxValidatesFirst(t *testing.T) {
 	}
 	if calls := r.take(); len(calls) != 0 {
 		t.Fatalf("RPCs sent: %v", calls)
+	}
+}
+
+// A body that panics after reading a document in its transaction leaves
+// nothing of the transaction open: CompleteTx rolls it back and panics
+// again with the body's value. A plain write to the document then succeeds
+// (the emulator holds a write to a document that an open transaction read
+// for its lock timeout, then answers Aborted), and a transaction that
+// reads and writes it commits; the body's write does not exist, and the
+// claim still holds the key.
+func TestCompleteTxBodyPanicRollsBackAndLeavesNoLock(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	ctx := t.Context()
+	doc := s.coll.Doc("read-by-the-body")
+	if _, err := doc.Set(ctx, map[string]any{"id": "read"}); err != nil {
+		t.Fatal(err)
+	}
+	c := claim(t, b, "k", time.Minute)
+	boom := errors.New("boom")
+	got := func() (v any) {
+		defer func() { v = recover() }()
+		_, _ = b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+			if _, err := tx.Get(doc); err != nil {
+				return err
+			}
+			if err := s.write(tx, "k"); err != nil {
+				return err
+			}
+			panic(boom)
+		})
+		return nil
+	}()
+	if got != boom {
+		t.Fatalf("CompleteTx recovered %v, want the body's panic value %v", got, boom)
+	}
+	if _, err := doc.Set(ctx, map[string]any{"id": "read", "n": 1}); err != nil {
+		t.Fatalf("a plain write to the document the panicking body read: %v", err)
+	}
+	err := s.client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) error {
+		if _, err := tx.Get(doc); err != nil {
+			return err
+		}
+		return tx.Set(doc, map[string]any{"id": "read", "n": 2})
+	}, firestore.MaxAttempts(1))
+	if err != nil {
+		t.Fatalf("a transaction reading the document the panicking body read: %v", err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes of the panicking body committed, want 0", n)
+	}
+	if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.HeldByOther {
+		t.Fatalf("claim after the panic: %v %v, want HeldByOther (no mark, the claim still holds)", r.Outcome, err)
+	}
+}
+
+// Under WithHeartbeat, with no other writer, the body runs once: the
+// renewals of the claim while the body runs (each changes the record's
+// update time) do not make the transaction run again.
+func TestLockTxUnderAHeartbeatRunsTheBodyOnce(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	var calls atomic.Int32
+	err := idempotency.LockTx(t.Context(), b, "k", func(ctx context.Context, tx *firestore.Transaction) error {
+		calls.Add(1)
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		// Long enough for three renewals.
+		select {
+		case <-time.After(350 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, idempotency.WithLease(2*time.Second), idempotency.WithHeartbeat(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("LockTx: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the body ran %d times, want 1", n)
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if r, err := b.Claim(t.Context(), "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
+		t.Fatalf("claim after LockTx: %v %v, want AlreadyDone", r.Outcome, err)
 	}
 }
