@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
@@ -118,4 +119,46 @@ func (g *gates) enter(ctx context.Context, k gateKey) (func(), error) {
 			leave()
 		})
 	}, nil
+}
+
+// TxCalls is what a backend's connection sees of the calls that a client
+// library (cloud.google.com/go/datastore or firestore) sends for one
+// CompleteTx, whose context carries it ([WithTxCalls]): the transaction
+// the library began last (the ID of its BeginTransaction reply), which the
+// backend rolls back itself when the library cannot (a panicking body, an
+// ended context), and how many Commit calls it sent (the backend resets
+// the count for each attempt).
+type TxCalls struct {
+	Commits atomic.Int32
+	mu      sync.Mutex
+	id      []byte
+}
+
+// Began records the ID of a transaction that a BeginTransaction reply
+// carried.
+func (c *TxCalls) Began(id []byte) {
+	c.mu.Lock()
+	c.id = id
+	c.mu.Unlock()
+}
+
+// Tx returns the ID of the transaction that began last (nil when none).
+func (c *TxCalls) Tx() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.id
+}
+
+type txCallsKey struct{}
+
+// WithTxCalls returns ctx carrying a new TxCalls, and that TxCalls.
+func WithTxCalls(ctx context.Context) (context.Context, *TxCalls) {
+	c := &TxCalls{}
+	return context.WithValue(ctx, txCallsKey{}, c), c
+}
+
+// TxCallsOf returns the TxCalls that ctx carries (nil when none).
+func TxCallsOf(ctx context.Context) *TxCalls {
+	c, _ := ctx.Value(txCallsKey{}).(*TxCalls)
+	return c
 }

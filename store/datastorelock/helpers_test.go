@@ -80,6 +80,8 @@ type rpcs struct {
 	// afterTxLookup, when set, runs when the reply of a Lookup in a
 	// transaction has arrived, before the caller hears of it.
 	afterTxLookup func()
+	// began is the transaction of the latest BeginTransaction reply.
+	began atomic.Pointer[[]byte]
 }
 
 func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -94,6 +96,10 @@ func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc 
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if err == nil && name == "Lookup" && r.afterLookup != nil {
 		r.afterLookup()
+	}
+	if res, ok := reply.(*pb.BeginTransactionResponse); ok && err == nil {
+		id := res.GetTransaction()
+		r.began.Store(&id)
 	}
 	if lr, ok := req.(*pb.LookupRequest); ok && err == nil && lr.GetReadOptions().GetTransaction() != nil && r.afterTxLookup != nil {
 		r.afterTxLookup()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/datastore"
+	pb "cloud.google.com/go/datastore/apiv1/datastorepb"
 	gtransport "google.golang.org/api/transport/grpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -121,6 +122,7 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 		}
 		return fmt.Errorf("datastorelock: complete %q fence %d in a transaction: %s: %w", c.Key, c.Fence, what, err)
 	}
+	ctx, calls := doclock.WithTxCalls(ctx)
 	tx, err := client.NewTransaction(ctx)
 	if err != nil {
 		return false, fail("begin", err)
@@ -128,7 +130,11 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 	finished := false // committed or rolled back
 	defer func() {
 		if !finished {
-			_ = tx.Rollback() // nothing to undo when it fails: the transaction expires
+			// Not tx.Rollback, which runs on ctx: body may have returned
+			// because ctx ended (or panicked), and the transaction would
+			// stay open, with whatever it read locked on Firestore in
+			// Datastore mode, until it expires.
+			b.rollback(ctx, calls.Tx())
 		}
 	}()
 	if err := body(ctx, tx); err != nil {
@@ -179,9 +185,23 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 	if aborted(err) {
 		return false, fail("commit", err)
 	}
-	_ = tx.Rollback() // a commit still in flight is aborted by it, or by the release
+	b.rollback(ctx, calls.Tx()) // a commit still in flight is aborted by it, or by the release
 	finished = true
 	return b.settle(ctx, c, err)
+}
+
+// rollbackTimeout bounds the rollback of a transaction of CompleteTx.
+const rollbackTimeout = 5 * time.Second
+
+// rollback ends transaction tx (nil: none began) on a context of its own
+// (ctx may have ended), ignoring a failure: the transaction then expires.
+func (b *Backend) rollback(ctx context.Context, tx []byte) {
+	if tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_, _ = b.rpc.Rollback(b.ctx(ctx), &pb.RollbackRequest{ProjectId: b.project, DatabaseId: b.database, Transaction: tx})
 }
 
 // settle decides a commit of CompleteTx that failed with commitErr, which
@@ -291,3 +311,15 @@ func (s sharedConn) Conn() *grpc.ClientConn {
 
 func (sharedConn) Num() int     { return 1 }
 func (sharedConn) Close() error { return nil }
+
+// Invoke records the transaction of a BeginTransaction reply on a context
+// that CompleteTx marked (doclock.TxCalls).
+func (s sharedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	err := s.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if res, ok := reply.(*pb.BeginTransactionResponse); ok && err == nil {
+		if calls := doclock.TxCallsOf(ctx); calls != nil {
+			calls.Began(res.GetTransaction())
+		}
+	}
+	return err
+}

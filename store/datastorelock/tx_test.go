@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"cloud.google.com/go/datastore"
+	pb "cloud.google.com/go/datastore/apiv1/datastorepb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
@@ -535,5 +538,39 @@ func TestCompleteTxRenewedBeforeItsCommitRunsTheBodyOnce(t *testing.T) {
 	}
 	if err := <-renewed; !errors.Is(err, store.ErrLost) {
 		t.Fatalf("the renewal after the commit: %v, want ErrLost (the key is Done)", err)
+	}
+}
+
+// A body whose context ends (the caller gave up, or a heartbeat found the
+// claim lost) and that returns the context's error leaves no transaction
+// open: the rollback does not run on that ended context. (The legacy
+// emulator refuses a Rollback of a transaction already ended: "transaction
+// has expired or is invalid".)
+func TestCompleteTxWhoseContextEndsInTheBodyRollsBack(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	c := claim(t, b, "k", time.Minute)
+	ctx, cancel := context.WithCancel(t.Context())
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		cancel()
+		return ctx.Err()
+	})
+	if ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("CompleteTx: %v %v, want false and the context's error", ok, err)
+	}
+	id := r.began.Load()
+	if id == nil {
+		t.Fatal("no transaction began")
+	}
+	conn := dialEmulator(t, testsvc.Datastore(t))
+	_, err = pb.NewDatastoreClient(conn).Rollback(t.Context(), &pb.RollbackRequest{ProjectId: project, Transaction: *id})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a Rollback of the body's transaction after CompleteTx returned: %v, want InvalidArgument (already ended)", err)
+	}
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes committed, want 0", n)
 	}
 }

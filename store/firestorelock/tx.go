@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/firestore"
@@ -121,8 +120,7 @@ var errFenced = errors.New("the claim no longer holds the record")
 // again on the record as it is.
 func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c store.Claim, fp string, body func(context.Context, *firestore.Transaction) error) (done, stale bool, err error) {
 	doc := client.Collection(b.collection).Doc(Name(c.Key))
-	calls := &txCalls{}
-	ctx = context.WithValue(ctx, txCallsKey{}, calls)
+	ctx, calls := doclock.WithTxCalls(ctx)
 	var (
 		committing bool // the last attempt's body returned, and its commit was sent
 		next       doclock.Record
@@ -140,8 +138,8 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 	err = client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) (err error) {
 		endTurn() // an earlier attempt's, whose commit was aborted
 		committing = false
-		calls.commits.Store(0)
-		id := calls.tx()
+		calls.Commits.Store(0)
+		id := calls.Tx()
 		returned := false
 		defer func() {
 			if !returned {
@@ -208,7 +206,7 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		// Aborted at every attempt: none applied.
 		return false, false, fmt.Errorf("firestorelock: complete %q fence %d in a transaction: commit: %w", c.Key, c.Fence, err)
 	case status.Code(err) == codes.FailedPrecondition || status.Code(err) == codes.NotFound:
-		return b.refused(ctx, c, next, calls.commits.Load() > 1, err)
+		return b.refused(ctx, c, next, calls.Commits.Load() > 1, err)
 	}
 	done, err = b.settle(ctx, c, err)
 	return done, false, err
@@ -307,27 +305,6 @@ func (b *Backend) connOption() []option.ClientOption {
 	return []option.ClientOption{option.WithGRPCConn(nil), gtransport.WithConnPool(sharedConn{b.conn})}
 }
 
-// txCalls is what sharedConn sees of one CompleteTx's calls: the
-// transaction the firestore client began last (its BeginTransaction
-// reply), and how many Commit calls it sent for the current attempt: more
-// than one means that it sent the commit again (it does after
-// Unavailable), so a refused precondition may be the refusal of a resend
-// whose first send applied.
-type txCalls struct {
-	commits atomic.Int32
-	mu      sync.Mutex
-	id      []byte
-}
-
-// tx returns the transaction the client began last (nil when none).
-func (c *txCalls) tx() []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.id
-}
-
-type txCallsKey struct{}
-
 // sharedConn lends the Backend's connection to the firestore client as a
 // pool of one that its Close leaves open.
 type sharedConn struct{ grpc.ClientConnInterface }
@@ -340,18 +317,19 @@ func (s sharedConn) Conn() *grpc.ClientConn {
 
 func (sharedConn) Num() int { return 1 }
 
-// Invoke counts a Commit, and keeps the transaction of a
-// BeginTransaction reply, on a context that CompleteTx marked.
+// Invoke counts a Commit, and records the transaction of a
+// BeginTransaction reply, on a context that CompleteTx marked
+// (doclock.TxCalls): more than one Commit for an attempt means that the
+// client sent it again (it does after Unavailable), so a refused
+// precondition may be the refusal of a resend whose first send applied.
 func (s sharedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	calls, ok := ctx.Value(txCallsKey{}).(*txCalls)
-	if ok && strings.HasSuffix(method, "/Commit") {
-		calls.commits.Add(1)
+	calls := doclock.TxCallsOf(ctx)
+	if calls != nil && strings.HasSuffix(method, "/Commit") {
+		calls.Commits.Add(1)
 	}
 	err := s.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
-	if res, isBegin := reply.(*pb.BeginTransactionResponse); ok && isBegin && err == nil {
-		calls.mu.Lock()
-		calls.id = res.GetTransaction()
-		calls.mu.Unlock()
+	if res, ok := reply.(*pb.BeginTransactionResponse); ok && calls != nil && err == nil {
+		calls.Began(res.GetTransaction())
 	}
 	return err
 }
