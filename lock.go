@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
@@ -81,10 +82,19 @@ type InProgressError struct {
 	// Done reports that the key is completed, not held: Mutex refuses to run
 	// over a key that Lock completed.
 	Done bool
+	// Superseded reports, from [LockTx], that the body ran but this
+	// delivery's claim was superseded before its transaction committed
+	// (its lease lapsed and another delivery claimed the key, or the
+	// claim was released): nothing was committed. Whether the other
+	// delivery still holds the key or has finished is not known.
+	Superseded bool
 }
 
 // Error describes the contention and, when known, when it ends.
 func (e *InProgressError) Error() string {
+	if e.Superseded {
+		return fmt.Sprintf("idempotency: key %q: this delivery's claim was superseded before its transaction committed (its lease lapsed and another delivery claimed the key, or the claim was released); nothing was committed", e.Key)
+	}
 	what := "is held by another delivery"
 	if e.Done {
 		what = "was completed by Lock; Mutex will not run over it"
@@ -264,14 +274,16 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 	// Without a heartbeat the body runs on ctx itself: nothing but ctx
 	// can cancel it, so a context of its own would only cost allocations.
 	bodyCtx, stopHeartbeat := ctx, func() {}
+	var hb *beat // what the heartbeat learned; nil without one
 	if cfg.heartbeat > 0 {
 		var cancelBody context.CancelCauseFunc
 		bodyCtx, cancelBody = context.WithCancelCause(ctx)
 		defer cancelBody(nil)
+		hb = &beat{cancel: cancelBody, tx: tx != nil}
 		// hc, not c, is shared with the renewing goroutine, so that c
 		// stays off the heap when there is no heartbeat.
 		hc := c
-		stop := heartbeat(bodyCtx, b, &hc, cfg, cancelBody)
+		stop := heartbeat(bodyCtx, b, &hc, cfg, hb.lose)
 		stopHeartbeat = func() { stop(); c = hc }
 	}
 	settled := false
@@ -290,7 +302,7 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 		}
 	}()
 	if tx != nil {
-		return true, runTx(ctx, bodyCtx, b, c, fp, tx, cfg, &tr, stopHeartbeat, &settled)
+		return true, runTx(ctx, bodyCtx, b, c, fp, tx, cfg, &tr, hb, stopHeartbeat, &settled)
 	}
 	ferr := fn(tr.body(&claimCtx{Context: bodyCtx, claim: c}))
 	stopHeartbeat() // from here on c is the latest renewal's claim
@@ -367,10 +379,73 @@ func addSat(a, b time.Duration) time.Duration {
 	return a + b
 }
 
+// beat is what a body's heartbeat learned, and how it acts on a lost
+// claim (see lose).
+type beat struct {
+	cancel context.CancelCauseFunc // cancels the body's context
+	// tx reports a body that runs inside the backend's transaction
+	// (LockTx): the renewal that finds the claim lost may be looking at
+	// the transaction's own Done mark.
+	tx bool
+	// inBody is set while a transactional body runs (an attempt of it:
+	// the store may run it again).
+	inBody atomic.Bool
+	// lost is set, by the renewing goroutine, once a renewal found the
+	// claim lost (store.ErrLost).
+	lost atomic.Bool
+}
+
+// lose acts on a renewal of claim that answered err, wrapping
+// store.ErrLost. Under Lock and Mutex the claim is gone while the body
+// runs beside another holder: it says so loudly and cancels the body.
+// Under LockTx nothing is logged here: the renewal may have found the
+// Done mark of the body's own commit (a renewal that lands between the
+// mark and the commit's reply), which only the transaction's outcome
+// tells apart from a claim superseded by another delivery (runTx logs
+// that one); the body is cancelled only while it runs, never during
+// the commit.
+func (h *beat) lose(ctx context.Context, cfg *lockConfig, claim store.Claim, err error) {
+	h.lost.Store(true)
+	cause := fmt.Errorf("idempotency: lease renewal: %w", err)
+	if h.tx {
+		if h.inBody.Load() {
+			h.cancel(cause)
+		}
+		return
+	}
+	cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
+		"key", claim.Key, "fence", claim.Fence, "error", err)
+	h.cancel(cause)
+}
+
+// enter marks the start of an attempt of a transactional body; once the
+// claim is known lost, the attempt's context is cancelled at once.
+func (h *beat) enter() {
+	if h == nil {
+		return
+	}
+	h.inBody.Store(true)
+	if h.lost.Load() {
+		h.cancel(fmt.Errorf("idempotency: lease renewal: %w", store.ErrLost))
+	}
+}
+
+// leave marks the end of an attempt of a transactional body.
+func (h *beat) leave() {
+	if h != nil {
+		h.inBody.Store(false)
+	}
+}
+
+// wasLost reports whether a renewal found the claim lost; read it after
+// the heartbeat stopped.
+func (h *beat) wasLost() bool { return h != nil && h.lost.Load() }
+
 // heartbeat renews *c every cfg.heartbeat until the returned stop is
 // called (stop waits for the renewing goroutine, after which *c holds the
-// latest claim). A lost claim cancels the body through cancel.
-func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockConfig, cancel context.CancelCauseFunc) (stop func()) {
+// latest claim). A renewal that finds the claim lost ends the renewals
+// and calls lose (see beat.lose).
+func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockConfig, lose func(context.Context, *lockConfig, store.Claim, error)) (stop func()) {
 	if cfg.heartbeat <= 0 {
 		return func() {}
 	}
@@ -412,15 +487,14 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 			case errors.Is(err, store.ErrLost):
 				select {
 				case <-done:
-					// The body returned while the renewal ran: a
-					// transactional body's commit marked the key done,
-					// which a renewal finds "lost". Nothing was.
+					// The body returned (under LockTx, its transaction
+					// ended) while the renewal ran: a transactional
+					// body's commit marked the key done, which a renewal
+					// finds "lost". Nothing was.
 					return
 				default:
 				}
-				cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
-					"key", claim.Key, "fence", claim.Fence, "error", err)
-				cancel(fmt.Errorf("idempotency: lease renewal: %w", err))
+				lose(ctx, cfg, claim, err)
 				return
 			default:
 				cfg.log().WarnContext(ctx, "idempotency: lease renewal failed; trying again at the next heartbeat",
