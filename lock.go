@@ -336,7 +336,7 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 		log.ErrorContext(ctx, "idempotency: the work ran but marking the key done failed; acknowledging anyway, a redelivery after the lease may repeat the work",
 			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 	case !done:
-		log.ErrorContext(ctx, "idempotency: the work ran but the claim was fenced out (the work outran its lease and another delivery took the key, which may repeat the work); acknowledging anyway; raise the lease",
+		log.ErrorContext(ctx, "idempotency: the work ran but the claim was fenced out (its lease lapsed and another delivery took the key, which may repeat the work, or an operator released it); acknowledging anyway; unless it was released by hand, raise the lease or use WithHeartbeat",
 			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
 	}
 	return true, nil
