@@ -71,8 +71,7 @@ func LockTx[Tx any](ctx context.Context, b store.TxBackend[Tx], key string, fn f
 	if b != nil {
 		sb = b
 	}
-	_, err := run(ctx, sb, key, "", cfg.fingerprint, nil, txOf(b, fn), &cfg, false, nil)
-	return err
+	return delivery{b: sb, key: key, fp: cfg.fingerprint, cfg: &cfg}.run(ctx, body{tx: txOf(b, fn)}).err
 }
 
 // IdempotentTx is [Idempotent] for a handler whose effects are writes to
@@ -127,53 +126,48 @@ func PushHandlerTx[Tx any](b store.TxBackend[Tx], h TxEventFunc[Tx], opts ...Opt
 // txFunc runs the body inside the backend's transaction that completes c
 // (store.TxCompleter.CompleteTx). enter makes each attempt's body context
 // from the transaction's, and leave is called when that attempt's body
-// returns. ran reports whether the body was called, bodyErr what its last
-// call returned, done and err what CompleteTx returned.
-type txFunc func(ctx context.Context, c store.Claim, fp string, enter func(context.Context) context.Context, leave func()) (ran bool, bodyErr error, done bool, err error)
+// returns.
+type txFunc func(ctx context.Context, c store.Claim, fp string, enter func(context.Context) context.Context, leave func()) txResult
+
+// txResult is what became of a transactional body: ran reports whether
+// the body was called, bodyErr what its last call returned, done and err
+// what CompleteTx returned.
+type txResult struct {
+	ran     bool
+	bodyErr error
+	done    bool
+	err     error
+}
 
 // txOf binds fn to b's CompleteTx.
 func txOf[Tx any](b store.TxCompleter[Tx], fn func(ctx context.Context, tx Tx) error) txFunc {
-	return func(ctx context.Context, c store.Claim, fp string, enter func(context.Context) context.Context, leave func()) (ran bool, bodyErr error, done bool, err error) {
-		done, err = b.CompleteTx(ctx, c, fp, func(tctx context.Context, tx Tx) error {
-			ran = true
+	return func(ctx context.Context, c store.Claim, fp string, enter func(context.Context) context.Context, leave func()) (r txResult) {
+		r.done, r.err = b.CompleteTx(ctx, c, fp, func(tctx context.Context, tx Tx) error {
+			r.ran = true
 			defer leave()
-			bodyErr = fn(enter(tctx), tx) // each attempt's: only the last one counts
-			return bodyErr
+			r.bodyErr = fn(enter(tctx), tx) // each attempt's: only the last one counts
+			return r.bodyErr
 		})
-		return ran, bodyErr, done, err
+		return r
 	}
 }
 
-// runTx is run's transactional path after a won claim c: the body and the
-// completion in one transaction (tx). hb is the body's heartbeat (nil
-// without one). It sets *settled once the body can no longer panic.
-func runTx(ctx, bodyCtx context.Context, b store.Backend, c store.Claim, fp string, tx txFunc, cfg *lockConfig, tr *tracker,
-	hb *beat, stopHeartbeat func(), settled *bool) error {
-	key := c.Key
-	spanCtx := tr.body(bodyCtx)
-	ran, bodyErr, done, err := tx(spanCtx, c, fp, func(tctx context.Context) context.Context {
-		hb.enter()
-		return &claimCtx{Context: tctx, claim: c}
-	}, hb.leave)
-	*settled = true
-	stopHeartbeat()
-	tr.bodyEnded(bodyErr)
-	log := cfg.log()
-	release := func(ctx context.Context) error {
-		return settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
-	}
-	// A renewal found the claim lost: superseded, unless the transaction
-	// committed (the renewal then found the commit's own mark).
-	lost := hb.wasLost()
+// settleTx maps what became of the transactional body under claim c to
+// LockTx's answer, releasing c where the transaction did not commit and c
+// may still be this delivery's. lost reports that a renewal found the
+// claim gone: superseded, unless the transaction committed (the renewal
+// then found the commit's own mark).
+func (d *delivery) settleTx(ctx context.Context, tr *tracker, c store.Claim, lost bool, r txResult) error {
+	key, log := d.key, d.cfg.log()
 	switch {
-	case err == nil && done:
+	case r.err == nil && r.done:
 		tr.settling(ctx, opComplete)
 		tr.settled(ctx, true, nil)
 		return nil
-	case errors.Is(err, store.ErrCommitUnknown):
+	case errors.Is(r.err, store.ErrCommitUnknown):
 		// Said below, whatever the heartbeat saw: the commit may have
 		// landed.
-	case lost || (err == nil && (!ran || bodyErr == nil)):
+	case lost || (r.err == nil && (!r.ran || r.bodyErr == nil)):
 		// Superseded: by the lease lapsing and another delivery claiming
 		// the key, or by a release (an operator's). The mark did not
 		// match (false, nil), or, under a heartbeat, the body was
@@ -182,31 +176,31 @@ func runTx(ctx, bodyCtx context.Context, b store.Backend, c store.Claim, fp stri
 		tr.settling(ctx, opComplete)
 		tr.settled(ctx, false, nil)
 		log.WarnContext(ctx, "idempotency: the claim was superseded before the transaction committed (its lease lapsed and another delivery claimed the key, or it was released); rolled back, nothing committed; nacking",
-			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "heartbeat", cfg.heartbeat > 0)
+			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "heartbeat", d.cfg.heartbeat > 0)
 		ip := &InProgressError{Key: key, Superseded: true}
 		switch {
-		case ran && bodyErr != nil:
-			return fmt.Errorf("%w (the body returned: %w)", ip, bodyErr)
-		case err != nil:
-			return fmt.Errorf("%w (the transaction: %w)", ip, err)
+		case r.ran && r.bodyErr != nil:
+			return fmt.Errorf("%w (the body returned: %w)", ip, r.bodyErr)
+		case r.err != nil:
+			return fmt.Errorf("%w (the transaction: %w)", ip, r.err)
 		}
 		return ip
-	case ran && bodyErr != nil:
-		rerr := release(tr.settling(ctx, opRelease))
+	case r.ran && r.bodyErr != nil:
+		rerr := d.release(tr.settling(ctx, opRelease), c)
 		tr.settled(ctx, true, rerr)
 		if rerr != nil {
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", rerr)
 		}
-		return bodyErr
+		return r.bodyErr
 	}
 	tr.settling(ctx, opComplete)
-	tr.settled(ctx, false, err)
-	if rerr := release(ctx); rerr != nil {
+	tr.settled(ctx, false, r.err)
+	if rerr := d.release(ctx, c); rerr != nil {
 		log.WarnContext(ctx, "idempotency: release after a failed transaction failed; the key frees when its lease lapses",
 			"key", key, "fence", c.Fence, "error", rerr)
 	}
 	log.ErrorContext(ctx, "idempotency: the transaction with the body's writes and the done mark did not commit; nacking",
-		"key", key, "fence", c.Fence, "error", err)
-	return fmt.Errorf("idempotency: key %q: the transaction did not commit: %w", key, err)
+		"key", key, "fence", c.Fence, "error", r.err)
+	return fmt.Errorf("idempotency: key %q: the transaction did not commit: %w", key, r.err)
 }
