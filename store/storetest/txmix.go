@@ -338,6 +338,7 @@ func supersede[Tx any](t *testing.T, e *txEnv[Tx], hb bool) {
 	})
 	won := <-s.won
 	n := e.rows(id)
+	t.Logf("the other delivery took the key while the body ran: %v", won)
 	if !won {
 		// The other delivery could not take the key while the body ran.
 		if err != nil || n != 1 {
