@@ -64,6 +64,40 @@ func (s sink) countErr(ctx context.Context, id string) (int, error) {
 	return len(keys), err
 }
 
+// read returns, read in tx (an ancestor query), how many Order entities
+// carry id.
+func (s sink) read(ctx context.Context, tx *datastore.Transaction, id string) (int, error) {
+	q := datastore.NewQuery("Order").Namespace(s.ns).Ancestor(s.group(id)).KeysOnly().Transaction(tx)
+	keys, err := s.client.GetAll(ctx, q, nil)
+	return len(keys), err
+}
+
+// endTx makes Datastore itself end tx, as it ends a transaction that lost
+// a conflict: tx reads a new entity of its own (kind EndTx, in namespace
+// ns), and then a plain write by client changes it. Datastore's
+// transactions are optimistic: one whose entity groups changed after it
+// read them is aborted at its commit (the legacy emulator answers the
+// commit Aborted; a read in tx after the write still sees the snapshot and
+// does not fail), and CompleteTx then runs it again, body included. It
+// returns the error of its own steps (nil when the conflicting write
+// applied).
+func endTx(client *datastore.Client, ns string) func(ctx context.Context, tx *datastore.Transaction) error {
+	return func(ctx context.Context, tx *datastore.Transaction) error {
+		k := datastore.IncompleteKey("EndTx", nil)
+		k.Namespace = ns
+		k, err := client.Put(ctx, k, &order{ID: "0"})
+		if err != nil {
+			return err
+		}
+		var o order
+		if err := tx.Get(k, &o); err != nil {
+			return err
+		}
+		_, err = client.Put(ctx, k, &order{ID: "1"})
+		return err
+	}
+}
+
 func (s sink) count(t testing.TB, id string) int {
 	t.Helper()
 	n, err := s.countErr(context.Background(), id)
@@ -85,6 +119,8 @@ func TestContractTx(t *testing.T) {
 			Write:   func(ctx context.Context, tx *datastore.Transaction, id string) error { return s.write(tx, id) },
 			Count:   s.countErr,
 			Retry:   datastore.ErrConcurrentTransaction,
+			Read:    s.read,
+			EndTx:   endTx(s.client, s.ns),
 		}
 	})
 }
@@ -572,5 +608,31 @@ func TestCompleteTxWhoseContextEndsInTheBodyRollsBack(t *testing.T) {
 	}
 	if n := s.count(t, "k"); n != 0 {
 		t.Fatalf("%d writes committed, want 0", n)
+	}
+}
+
+// The harness's EndTx makes Datastore end the transaction: its commit is
+// aborted, and CompleteTx runs it again, body included, which commits the
+// writes once.
+func TestEndTxMakesDatastoreEndTheTransaction(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	end := endTx(s.client, s.ns)
+	c := claim(t, b, "k", time.Minute)
+	var calls atomic.Int32
+	ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			return end(ctx, tx)
+		}
+		return nil
+	})
+	if !ok || err != nil || calls.Load() != 2 {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 2 (the first transaction ended by the store)", ok, err, calls.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
 	}
 }

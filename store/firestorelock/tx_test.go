@@ -49,6 +49,55 @@ func (s sink) countErr(ctx context.Context, id string) (int, error) {
 	return len(docs), err
 }
 
+// read returns, read in tx (a query, which locks the documents it finds),
+// how many documents carry id.
+func (s sink) read(tx *firestore.Transaction, id string) (int, error) {
+	docs, err := tx.Documents(s.coll.Where("id", "==", id)).GetAll()
+	return len(docs), err
+}
+
+// endTx makes Firestore itself end tx, as it ends a transaction whose
+// commit cannot take its locks: it writes, in tx, a new document of coll
+// that another transaction has just read and keeps locked for 5s (its
+// read's lock, which it then gives up by rolling back). Firestore buffers
+// a transaction's writes until its commit, and no statement of the body
+// fails: it is the commit that waits for the lock, and the emulator ends
+// the transaction with Aborted ("Transaction lock timeout") after about
+// 2s; the client then runs the transaction again, body included. That is
+// how the store ends a transaction of its own accord; on the production
+// service, whose older transactions win a lock (wound-wait), the commit
+// would instead abort the younger reader. It returns the error of its own
+// steps (nil when the lock is taken and the write added).
+func endTx(client *firestore.Client, coll *firestore.CollectionRef) func(ctx context.Context, tx *firestore.Transaction) error {
+	return func(ctx context.Context, tx *firestore.Transaction) error {
+		doc := coll.NewDoc()
+		if _, err := doc.Create(ctx, map[string]any{"locked": true}); err != nil {
+			return err
+		}
+		locked := make(chan error, 1)
+		go func() {
+			hold := errors.New("storetest: the lock was held long enough")
+			// Not on ctx, which carries tx: the client refuses a
+			// transaction nested in another.
+			err := client.RunTransaction(context.Background(), func(ctx context.Context, other *firestore.Transaction) error {
+				if _, err := other.Get(doc); err != nil {
+					return err
+				}
+				locked <- nil
+				time.Sleep(5 * time.Second)
+				return hold
+			}, firestore.MaxAttempts(1))
+			if !errors.Is(err, hold) {
+				locked <- err
+			}
+		}()
+		if err := <-locked; err != nil {
+			return err
+		}
+		return tx.Set(doc, map[string]any{"locked": false})
+	}
+}
+
 func (s sink) count(t testing.TB, id string) int {
 	t.Helper()
 	n, err := s.countErr(context.Background(), id)
@@ -70,6 +119,8 @@ func TestContractTx(t *testing.T) {
 			Write:   func(ctx context.Context, tx *firestore.Transaction, id string) error { return s.write(tx, id) },
 			Count:   s.countErr,
 			Retry:   status.Error(codes.Aborted, "contended"),
+			Read:    func(ctx context.Context, tx *firestore.Transaction, id string) (int, error) { return s.read(tx, id) },
+			EndTx:   endTx(s.client, s.client.Collection("locks_"+collection())),
 		}
 	})
 }
@@ -473,5 +524,31 @@ func TestLockTxUnderAHeartbeatRunsTheBodyOnce(t *testing.T) {
 	}
 	if r, err := b.Claim(t.Context(), "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
 		t.Fatalf("claim after LockTx: %v %v, want AlreadyDone", r.Outcome, err)
+	}
+}
+
+// The harness's EndTx makes Firestore end the transaction: its commit is
+// aborted, and the client runs it again, body included, which commits the
+// writes once.
+func TestEndTxMakesFirestoreEndTheTransaction(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	end := endTx(s.client, s.client.Collection("locks_"+collection()))
+	c := claim(t, b, "k", time.Minute)
+	var calls atomic.Int32
+	ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			return end(ctx, tx)
+		}
+		return nil
+	})
+	if !ok || err != nil || calls.Load() != 2 {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true after 2 (the first transaction ended by the store)", ok, err, calls.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
 	}
 }
