@@ -17,10 +17,12 @@ import (
 )
 
 // A crash storm whose sink is a kind of the test's own in the records'
-// database: worker processes deliver orders with LockTx, each body putting
-// one new entity (an incomplete key) in the transaction, while the storm
-// SIGKILLs them, also between a body's write and its commit. Every
-// order's entity must exist exactly once.
+// database: worker processes deliver orders with LockTx under a heartbeat
+// (200ms, a 2s lease), each body putting one new entity (an incomplete
+// key) in the transaction, and then sometimes panicking (10%) or making
+// the store end its transaction and swallowing that (10%, endTx), while
+// the storm SIGKILLs them, also between a body's write and its commit.
+// Every order's entity must exist exactly once.
 func TestTxStorm(t *testing.T) { dsTxStorm(t, false) }
 
 // The storm tells a sink that writes outside the transaction (a plain
@@ -65,7 +67,7 @@ func dsTxStorm(t *testing.T, broken bool) txstorm.Figures {
 	if broken {
 		run = txstorm.Storm[*datastore.Transaction]
 	}
-	return run(t, txstorm.Config[*datastore.Transaction]{
+	cfg := txstorm.Config[*datastore.Transaction]{
 		Orders: 200, Workers: 4, Lease: 2 * time.Second, KillEvery: 600 * time.Millisecond, Timeout: 3 * time.Minute,
 		Env: []string{"DATASTORE_EMULATOR_HOST=" + addr, "TXSTORM_NAMESPACE=" + ns, "TXSTORM_KIND=" + kind},
 		Backend: func(t testing.TB) store.TxBackend[*datastore.Transaction] {
@@ -94,5 +96,10 @@ func dsTxStorm(t *testing.T, broken bool) txstorm.Figures {
 			}
 			return m, nil
 		},
-	})
+	}
+	if !broken {
+		cfg.Heartbeat, cfg.PanicRate, cfg.SwallowRate = 200*time.Millisecond, 0.1, 0.1
+		cfg.EndTx = func(ctx context.Context, tx *datastore.Transaction) error { return endTx(open(t), ns)(ctx, tx) }
+	}
+	return run(t, cfg)
 }

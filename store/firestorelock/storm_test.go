@@ -15,10 +15,12 @@ import (
 )
 
 // A crash storm whose sink is a collection of the test's own in the
-// records' database: worker processes deliver orders with LockTx, each
-// body creating one new document in the transaction, while the storm
-// SIGKILLs them, also between a body's write and its commit. Every
-// order's document must exist exactly once.
+// records' database: worker processes deliver orders with LockTx under a
+// heartbeat (200ms, a 2s lease), each body creating one new document in
+// the transaction, and then sometimes panicking (10%) or making the store
+// end its transaction and swallowing that (10%, endTx), while the storm
+// SIGKILLs them, also between a body's write and its commit. Every order's
+// document must exist exactly once.
 func TestTxStorm(t *testing.T) { fsTxStorm(t, false) }
 
 // The storm tells a sink that writes outside the transaction (a plain
@@ -55,7 +57,7 @@ func fsTxStorm(t *testing.T, broken bool) txstorm.Figures {
 	if broken {
 		run = txstorm.Storm[*firestore.Transaction]
 	}
-	return run(t, txstorm.Config[*firestore.Transaction]{
+	cfg := txstorm.Config[*firestore.Transaction]{
 		Orders: 150, Workers: 4, Lease: 2 * time.Second, KillEvery: 800 * time.Millisecond, Timeout: 3 * time.Minute,
 		Env: []string{"FIRESTORE_EMULATOR_HOST=" + addr, "TXSTORM_COLLECTION=" + records, "TXSTORM_SINK=" + sinkColl},
 		Backend: func(t testing.TB) store.TxBackend[*firestore.Transaction] {
@@ -85,5 +87,12 @@ func fsTxStorm(t *testing.T, broken bool) txstorm.Figures {
 			}
 			return m, nil
 		},
-	})
+	}
+	if !broken {
+		cfg.Heartbeat, cfg.PanicRate, cfg.SwallowRate = 200*time.Millisecond, 0.1, 0.1
+		cfg.EndTx = func(ctx context.Context, tx *firestore.Transaction) error {
+			return endTx(open(t), open(t).Collection("locks_"+sinkColl))(ctx, tx)
+		}
+	}
+	return run(t, cfg)
 }
