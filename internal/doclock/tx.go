@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
@@ -147,6 +148,25 @@ func (c *TxCalls) Tx() []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.id
+}
+
+// RollbackTimeout bounds a rollback that [TxCalls.RollBack] sends.
+const RollbackTimeout = 5 * time.Second
+
+// RollBack ends the transaction that began last (none: nothing to do) by
+// calling send with its ID, on a context of its own (ctx's values, not its
+// end, bounded by RollbackTimeout): the caller's context may have ended,
+// or its body panicked, and the transaction must not stay open, with what
+// it read locked, until it expires. A failure is ignored: the service then
+// ends the transaction when it expires.
+func (c *TxCalls) RollBack(ctx context.Context, send func(ctx context.Context, tx []byte) error) {
+	tx := c.Tx()
+	if tx == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RollbackTimeout)
+	defer cancel()
+	_ = send(ctx, tx)
 }
 
 type txCallsKey struct{}

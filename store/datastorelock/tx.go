@@ -134,7 +134,7 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 			// because ctx ended (or panicked), and the transaction would
 			// stay open, with whatever it read locked on Firestore in
 			// Datastore mode, until it expires.
-			b.rollback(ctx, calls.Tx())
+			calls.RollBack(ctx, b.rollback)
 		}
 	}()
 	if err := body(ctx, tx); err != nil {
@@ -185,23 +185,15 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 	if aborted(err) {
 		return false, fail("commit", err)
 	}
-	b.rollback(ctx, calls.Tx()) // a commit still in flight is aborted by it, or by the release
+	calls.RollBack(ctx, b.rollback) // a commit still in flight is aborted by it, or by the release
 	finished = true
 	return b.settle(ctx, c, err)
 }
 
-// rollbackTimeout bounds the rollback of a transaction of CompleteTx.
-const rollbackTimeout = 5 * time.Second
-
-// rollback ends transaction tx (nil: none began) on a context of its own
-// (ctx may have ended), ignoring a failure: the transaction then expires.
-func (b *Backend) rollback(ctx context.Context, tx []byte) {
-	if tx == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-	defer cancel()
-	_, _ = b.rpc.Rollback(b.ctx(ctx), &pb.RollbackRequest{ProjectId: b.project, DatabaseId: b.database, Transaction: tx})
+// rollback sends a Rollback of transaction tx.
+func (b *Backend) rollback(ctx context.Context, tx []byte) error {
+	_, err := b.rpc.Rollback(b.ctx(ctx), &pb.RollbackRequest{ProjectId: b.project, DatabaseId: b.database, Transaction: tx})
+	return err
 }
 
 // settle decides a commit of CompleteTx that failed with commitErr, which

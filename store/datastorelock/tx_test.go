@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
@@ -499,40 +498,6 @@ func TestCompleteTxBodyPanicRollsBackAndLeavesNoLock(t *testing.T) {
 	}
 	if res, err := b.Claim(ctx, "k", time.Minute); err != nil || res.Outcome != store.HeldByOther {
 		t.Fatalf("claim after the panic: %v %v, want HeldByOther (no mark, the claim still holds)", res.Outcome, err)
-	}
-}
-
-// Under WithHeartbeat, with no other writer, the body runs once: the
-// renewals of the claim while the body runs (each writes the record) do
-// not make the transaction run again.
-func TestLockTxUnderAHeartbeatRunsTheBodyOnce(t *testing.T) {
-	s := newSink(t)
-	b, _ := newBackend(t)
-	var calls atomic.Int32
-	err := idempotency.LockTx(t.Context(), b, "k", func(ctx context.Context, tx *datastore.Transaction) error {
-		calls.Add(1)
-		if err := s.write(tx, "k"); err != nil {
-			return err
-		}
-		// Long enough for three renewals.
-		select {
-		case <-time.After(350 * time.Millisecond):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}, idempotency.WithLease(2*time.Second), idempotency.WithHeartbeat(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("LockTx: %v", err)
-	}
-	if n := calls.Load(); n != 1 {
-		t.Fatalf("the body ran %d times, want 1", n)
-	}
-	if n := s.count(t, "k"); n != 1 {
-		t.Fatalf("%d writes committed, want 1", n)
-	}
-	if r, err := b.Claim(t.Context(), "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
-		t.Fatalf("claim after LockTx: %v %v, want AlreadyDone", r.Outcome, err)
 	}
 }
 

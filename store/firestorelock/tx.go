@@ -139,14 +139,13 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		endTurn() // an earlier attempt's, whose commit was aborted
 		committing = false
 		calls.Commits.Store(0)
-		id := calls.Tx()
 		returned := false
 		defer func() {
 			if !returned {
 				// body panicked (or called runtime.Goexit): the client
 				// never rolls back, and the transaction would keep
 				// what it read locked until the server expires it.
-				b.rollback(ctx, id)
+				calls.RollBack(ctx, b.rollback)
 			}
 		}()
 		err = body(ctx, tx)
@@ -163,7 +162,7 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		// Read in the transaction, with the client's own read refused
 		// after body's writes: the record is locked from here to the
 		// commit, never while body runs.
-		cur, found, rd, err := b.lookup(ctx, b.docName(c.Key), id)
+		cur, found, rd, err := b.lookup(ctx, b.docName(c.Key), calls.Tx())
 		if err != nil {
 			return fmt.Errorf("read the record: %w", err)
 		}
@@ -212,20 +211,10 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 	return done, false, err
 }
 
-// rollbackTimeout bounds the rollback of a transaction whose body
-// panicked.
-const rollbackTimeout = 5 * time.Second
-
-// rollback ends transaction tx (nil: none began), on a context of its own
-// (ctx may have ended), ignoring a failure: the server then ends it when
-// it expires.
-func (b *Backend) rollback(ctx context.Context, tx []byte) {
-	if tx == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-	defer cancel()
-	_, _ = b.rpc.Rollback(b.ctx(ctx), &pb.RollbackRequest{Database: b.db, Transaction: tx})
+// rollback sends a Rollback of transaction tx.
+func (b *Backend) rollback(ctx context.Context, tx []byte) error {
+	_, err := b.rpc.Rollback(b.ctx(ctx), &pb.RollbackRequest{Database: b.db, Transaction: tx})
+	return err
 }
 
 // refused decides a commit whose precondition failed: the record is no
