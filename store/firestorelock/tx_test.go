@@ -473,8 +473,24 @@ func TestCompleteTxBodyPanicRollsBackAndLeavesNoLock(t *testing.T) {
 	if got != boom {
 		t.Fatalf("CompleteTx recovered %v, want the body's panic value %v", got, boom)
 	}
+	s.wantUnlocked(t, doc, "the panicking body")
+	if n := s.count(t, "k"); n != 0 {
+		t.Fatalf("%d writes of the panicking body committed, want 0", n)
+	}
+	if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.HeldByOther {
+		t.Fatalf("claim after the panic: %v %v, want HeldByOther (no mark, the claim still holds)", r.Outcome, err)
+	}
+}
+
+// wantUnlocked fails t unless nothing holds doc locked: a plain write to
+// it succeeds (the emulator holds a write to a document that an open
+// transaction read for its lock timeout, then answers Aborted), and so
+// does a transaction that reads and writes it.
+func (s sink) wantUnlocked(t *testing.T, doc *firestore.DocumentRef, reader string) {
+	t.Helper()
+	ctx := t.Context()
 	if _, err := doc.Set(ctx, map[string]any{"id": "read", "n": 1}); err != nil {
-		t.Fatalf("a plain write to the document the panicking body read: %v", err)
+		t.Fatalf("a plain write to the document %s read: %v", reader, err)
 	}
 	err := s.client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) error {
 		if _, err := tx.Get(doc); err != nil {
@@ -483,13 +499,39 @@ func TestCompleteTxBodyPanicRollsBackAndLeavesNoLock(t *testing.T) {
 		return tx.Set(doc, map[string]any{"id": "read", "n": 2})
 	}, firestore.MaxAttempts(1))
 	if err != nil {
-		t.Fatalf("a transaction reading the document the panicking body read: %v", err)
+		t.Fatalf("a transaction reading the document %s read: %v", reader, err)
 	}
+}
+
+// A body whose context ends (the caller gave up, or a heartbeat found the
+// claim lost) and that returns the context's error after reading a
+// document leaves it unlocked: the rollback does not run on that ended
+// context.
+func TestCompleteTxWhoseContextEndsInTheBodyLeavesNoLock(t *testing.T) {
+	s := newSink(t)
+	b, _ := newBackend(t)
+	doc := s.coll.Doc("read-by-the-body")
+	if _, err := doc.Set(t.Context(), map[string]any{"id": "read"}); err != nil {
+		t.Fatal(err)
+	}
+	c := claim(t, b, "k", time.Minute)
+	ctx, cancel := context.WithCancel(t.Context())
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *firestore.Transaction) error {
+		if _, err := tx.Get(doc); err != nil {
+			return err
+		}
+		if err := s.write(tx, "k"); err != nil {
+			return err
+		}
+		cancel()
+		return ctx.Err()
+	})
+	if ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("CompleteTx: %v %v, want false and the context's error", ok, err)
+	}
+	s.wantUnlocked(t, doc, "the cancelled body")
 	if n := s.count(t, "k"); n != 0 {
-		t.Fatalf("%d writes of the panicking body committed, want 0", n)
-	}
-	if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.HeldByOther {
-		t.Fatalf("claim after the panic: %v %v, want HeldByOther (no mark, the claim still holds)", r.Outcome, err)
+		t.Fatalf("%d writes committed, want 0", n)
 	}
 }
 
