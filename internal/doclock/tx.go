@@ -3,6 +3,7 @@ package doclock
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,17 @@ func (l *Lock) TxDone(ctx context.Context, c store.Claim, fp string, cur Record,
 	next = cur
 	next.State, next.Exp, next.Fingerprint = StateDone, instant(now, l.ttl), fp
 	return next, true, nil
+}
+
+// TxLanded reports whether cur, the record as a transaction read it
+// (found is false when there was none), is the Done record of one of sent,
+// the Done records that earlier attempts of the same completion committed
+// with (all but the version alike): such an attempt's commit applied,
+// though its reply said otherwise (a resent commit refused as aborted),
+// and the completion has committed; the attempt that reads it must not
+// commit again, nor report the claim as gone.
+func TxLanded(cur Record, found bool, sent []Record) bool {
+	return found && cur.State == StateDone && slices.ContainsFunc(sent, func(s Record) bool { return sameRecord(s, cur) })
 }
 
 // Committing keeps the renewals ([Lock.Extend]) of claim c away from its

@@ -60,7 +60,10 @@ const settleTimeout = 30 * time.Second
 // datastore.ErrConcurrentTransaction or Aborted, the transaction is rolled
 // back and a fresh one begun, calling body again (at most 5 transactions
 // in all): only the writes of the transaction that commits exist, and
-// whatever body does outside the transaction happens once per call.
+// whatever body does outside the transaction happens once per call. A
+// transaction that finds the record Done exactly as an earlier one's
+// commit wrote it (a commit that applied but was answered Aborted) rolls
+// back and returns true, nil.
 //
 // When the commit fails in a way that leaves open whether it applied (its
 // reply was lost, the connection dropped, ctx ended while it was in
@@ -92,8 +95,9 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 		return false, err
 	}
 	wait := retry.Policy{Base: retryBase, Max: retryMax}
+	var sent []doclock.Record // the Done records of the attempts' commits
 	for attempt := 0; ; attempt++ {
-		done, err := b.completeTx(ctx, client, c, fp, body)
+		done, err := b.completeTx(ctx, client, c, fp, body, &sent)
 		if !errors.Is(err, errAborted) || attempt+1 == txAttempts {
 			return done, err
 		}
@@ -114,8 +118,12 @@ func aborted(err error) bool {
 }
 
 // completeTx is one transaction of CompleteTx. An error wrapping
-// errAborted means that it applied nothing and may be tried again.
-func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c store.Claim, fp string, body func(context.Context, *datastore.Transaction) error) (bool, error) {
+// errAborted means that it applied nothing (so far as the store said) and
+// may be tried again. sent holds the Done records of the commits of the
+// attempts before, to which it adds its own: one found in the record
+// applied, though the store answered it Aborted.
+func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c store.Claim, fp string, body func(context.Context, *datastore.Transaction) error,
+	sent *[]doclock.Record) (bool, error) {
 	fail := func(what string, err error) error {
 		if aborted(err) {
 			return fmt.Errorf("datastorelock: complete %q fence %d in a transaction: %s: %w: %w", c.Key, c.Fence, what, errAborted, err)
@@ -165,6 +173,9 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 			return false, fail("read the record", err)
 		}
 	}
+	if doclock.TxLanded(cur, found, *sent) {
+		return true, nil // rolled back: an earlier attempt's commit applied
+	}
 	next, held, err := b.lk.TxDone(ctx, c, fp, cur, found, nil)
 	if err != nil {
 		return false, fail("the done record", err)
@@ -176,6 +187,7 @@ func (b *Backend) completeTx(ctx context.Context, client *datastore.Client, c st
 	if _, err := tx.Put(k, &props); err != nil {
 		return false, fail("put the record", err)
 	}
+	*sent = append(*sent, next)
 	_, err = tx.Commit()
 	end()
 	if err == nil {

@@ -601,3 +601,29 @@ func TestEndTxMakesDatastoreEndTheTransaction(t *testing.T) {
 		t.Fatalf("%d writes committed, want 1", n)
 	}
 }
+
+// A commit that applied but was answered Aborted (as a resent commit may
+// be, once the first applied) makes CompleteTx run the transaction again,
+// body included; that attempt finds the record Done by the first one's
+// commit and commits nothing more: CompleteTx returns true, and the
+// writes exist once.
+func TestCompleteTxCommitThatAppliedButWasAnsweredAbortedIsTrue(t *testing.T) {
+	s := newSink(t)
+	b, r := newBackend(t)
+	c := claim(t, b, "k", time.Minute)
+	r.abortNextCommit.Store(true)
+	var calls atomic.Int32
+	ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *datastore.Transaction) error {
+		calls.Add(1)
+		return s.write(tx, "k")
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx: %v %v after %d calls, want true, nil (the first commit applied)", ok, err, calls.Load())
+	}
+	if n := s.count(t, "k"); n != 1 {
+		t.Fatalf("%d writes committed, want 1", n)
+	}
+	if ok, err := b.Complete(t.Context(), c); !ok || err != nil {
+		t.Fatalf("Complete after CompleteTx: %v %v, want true (Done by this claim)", ok, err)
+	}
+}

@@ -71,7 +71,10 @@ type rpcs struct {
 	loseNextCommit atomic.Bool
 	// dropNextCommit fails the next Commit without sending it.
 	dropNextCommit atomic.Bool
-	lost           atomic.Int32
+	// abortNextCommit answers the next Commit, which applied, with Aborted
+	// (a resent commit refused as aborted after the first applied).
+	abortNextCommit atomic.Bool
+	lost            atomic.Int32
 	// whileLost, when set, runs after a reply was lost or a request
 	// dropped, before the backend hears of it.
 	whileLost func()
@@ -92,6 +95,9 @@ func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc 
 		return status.Error(codes.Unavailable, "injected: the commit was lost before it reached the server")
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
+	if err == nil && name == "Commit" && r.abortNextCommit.CompareAndSwap(true, false) {
+		return status.Error(codes.Aborted, "injected: the commit applied but was answered Aborted")
+	}
 	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
 		r.lose()
 		return status.Error(codes.Unavailable, "injected: the request applied but its reply was lost")

@@ -70,7 +70,10 @@ const staleRounds = 3
 // Aborted, from body or from the commit), the client rolls back and runs
 // it again with a fresh transaction, calling body again (at most 5
 // transactions): only the writes of the transaction that commits exist,
-// and whatever body does outside the transaction happens once per call.
+// and whatever body does outside the transaction happens once per call. A
+// transaction that finds the record Done exactly as an earlier one's
+// commit wrote it (a commit that applied but was answered Aborted) rolls
+// back and returns true, nil.
 //
 // When the commit fails in a way that leaves open whether it applied (its
 // reply was lost, the connection dropped, ctx ended while it was in
@@ -112,8 +115,12 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 }
 
 // errFenced ends a transaction of CompleteTx whose claim no longer holds
-// the record.
-var errFenced = errors.New("the claim no longer holds the record")
+// the record; errLanded one that found the record Done by the commit of an
+// earlier attempt (answered Aborted, though it applied).
+var (
+	errFenced = errors.New("the claim no longer holds the record")
+	errLanded = errors.New("an earlier attempt's commit applied")
+)
 
 // completeTx is one RunTransaction of CompleteTx. stale reports a
 // precondition that failed on a record that c still holds, changed: run it
@@ -122,9 +129,10 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 	doc := client.Collection(b.collection).Doc(Name(c.Key))
 	ctx, calls := doclock.WithTxCalls(ctx)
 	var (
-		committing bool // the last attempt's body returned, and its commit was sent
+		committing bool             // the last attempt's body returned, and its commit was sent
+		sent       []doclock.Record // the Done records of the attempts' commits
 		next       doclock.Record
-		sent       time.Time
+		at         time.Time // when the last commit was sent
 		cr         firestore.CommitResponse
 		end        func() // ends the commit's turn on c (Committing)
 	)
@@ -166,6 +174,9 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		if err != nil {
 			return fmt.Errorf("read the record: %w", err)
 		}
+		if doclock.TxLanded(cur, found, sent) {
+			return errLanded
+		}
 		var held bool
 		if next, held, err = b.lk.TxDone(ctx, c, fp, cur, found, &rd); err != nil {
 			return err
@@ -187,15 +198,17 @@ func (b *Backend) completeTx(ctx context.Context, client *firestore.Client, c st
 		}, firestore.LastUpdateTime(unrev(cur.Version))); err != nil {
 			return err
 		}
-		committing, sent = true, b.now()
+		committing, at, sent = true, b.now(), append(sent, next)
 		return nil
 	}, firestore.WithCommitResponseTo(&cr))
 	endTurn()
 	switch {
 	case err == nil:
-		if at := cr.CommitTime(); at.After(time.Unix(0, 0)) {
-			b.clock.Observe(at, sent, b.now(), false)
+		if ct := cr.CommitTime(); ct.After(time.Unix(0, 0)) {
+			b.clock.Observe(ct, at, b.now(), false)
 		}
+		return true, false, nil
+	case errors.Is(err, errLanded):
 		return true, false, nil
 	case errors.Is(err, errFenced):
 		return false, false, nil
