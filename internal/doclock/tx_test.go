@@ -94,3 +94,27 @@ func TestTxDoneMarksOnlyTheClaimsRecord(t *testing.T) {
 		t.Errorf("no record: held %v %v, want false, nil", held, err)
 	}
 }
+
+// TxLanded finds the record an earlier attempt's commit wrote (versions
+// aside), and nothing else: not the Claimed record, not another Done one.
+func TestTxLandedFindsOnlyAnEarlierAttemptsRecord(t *testing.T) {
+	lease := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)
+	sent := Record{State: StateDone, Fence: 3, Token: "t", Lease: lease, Exp: lease.Add(time.Hour), Fingerprint: "fp", Version: 7}
+	landed := sent
+	landed.Version = 9
+	if !TxLanded(landed, true, []Record{sent}) {
+		t.Error("the record an earlier attempt committed: not found")
+	}
+	claimed := sent
+	claimed.State = StateClaimed
+	otherExp := sent
+	otherExp.Exp = otherExp.Exp.Add(time.Second) // another completion of the same claim
+	for name, cur := range map[string]Record{"claimed": claimed, "done by another completion": otherExp} {
+		if TxLanded(cur, true, []Record{sent}) {
+			t.Errorf("%s: found landed", name)
+		}
+	}
+	if TxLanded(landed, false, []Record{sent}) || TxLanded(landed, true, nil) {
+		t.Error("landed with no record, or with no earlier commit")
+	}
+}
