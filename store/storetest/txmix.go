@@ -345,7 +345,8 @@ func supersede[Tx any](t *testing.T, e *txEnv[Tx], hb bool) {
 		}
 		c, _ := idempotency.ClaimFrom(ctx)
 		s.start(func() (store.Claim, bool) {
-			bg := context.WithoutCancel(ctx)
+			bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), mixWait)
+			defer cancel()
 			if hb {
 				if err := e.b.Release(bg, c); err != nil { // idemctl release
 					return store.Claim{}, false
