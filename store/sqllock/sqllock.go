@@ -52,6 +52,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strconv"
 	"strings"
@@ -93,6 +94,11 @@ func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl }
 // Default 3; negative makes New fail.
 func WithRetries(n int) Option { return func(b *Backend) { b.retries = n } }
 
+// WithLogger sets where CompleteTx logs, at warning level, a body whose
+// transaction committed before its end (see CompleteTx). Default
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.logger = l } }
+
 // Backend is a store.Backend on a SQL table. It is safe for concurrent use.
 type Backend struct {
 	db      *sql.DB
@@ -100,6 +106,7 @@ type Backend struct {
 	ttl     time.Duration
 	retries int
 	txOpts  *sql.TxOptions
+	logger  *slog.Logger
 	d       Dialect
 	q       dialect.Statements
 	backoff retry.Policy
@@ -134,6 +141,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	}
 	if db == nil {
 		return nil, errors.New("sqllock: nil *sql.DB")
+	}
+	if b.logger == nil {
+		b.logger = slog.Default()
 	}
 	sq := d.sql()
 	if sq == nil {

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -226,11 +228,157 @@ var ErrSnapshotConflict = errors.New("sqllock: the claim's record changed during
 // conflict (see ErrSnapshotConflict).
 var errRecordChanged = errors.New("sqllock: the record changed since the transaction's snapshot")
 
-// errTxGone ends an attempt whose transaction the server ended while body
-// ran, body having gone on without returning the statement's error.
-var errTxGone = errors.New("sqllock: the transaction is no longer open: the server rolled it back while body ran " +
-	"(a deadlock, or another error that ends the transaction, whose error body did not return), " +
-	"and body's writes before it are gone; the Done mark was not written")
+// errTxRolledBack ends an attempt whose transaction the engine rolled
+// back while body ran, body having gone on without returning the
+// statement's error.
+var errTxRolledBack = errors.New("sqllock: the transaction was rolled back under the body " +
+	"(by a statement that ends the whole transaction: a deadlock, an explicit ROLLBACK, on SQLite a statement " +
+	"interrupted because its context ended, INSERT OR ROLLBACK, a full disk or an I/O error), whose error body did not return; " +
+	"body's writes in it are gone, nothing committed, and the Done mark was not written (the delivery is nacked and runs again)")
+
+// errTxAborted wraps PostgreSQL's refusal of the mark in a transaction a
+// failed statement of body aborted.
+var errTxAborted = errors.New("sqllock: the transaction was aborted under the body by a failed statement whose error body did not return; " +
+	"nothing committed, and the Done mark was not written (the delivery is nacked and runs again)")
+
+// pgAborted reports whether err is PostgreSQL's refusal of a statement in
+// an aborted transaction (SQLSTATE 25P02).
+func pgAborted(err error) bool {
+	var pg interface{ SQLState() string }
+	return errors.As(err, &pg) && pg.SQLState() == "25P02"
+}
+
+// txMarkers numbers the transactions of CompleteTx in this process (see
+// dialect.TxMarker): a connection's marker row, left by an earlier
+// transaction, never holds the number of a later one.
+var txMarkers atomic.Int64
+
+// The statements on the TEMP marker table.
+var (
+	liteCreateMarker  = "CREATE TEMP TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)"
+	liteWriteMarker   = "INSERT OR REPLACE INTO temp." + dialect.TxMarker + " (k, n) VALUES (1, ?)"
+	liteReadMarker    = "SELECT 1, COALESCE((SELECT n FROM temp." + dialect.TxMarker + " WHERE k = 1), 0)"
+	mysqlCreateMarker = "CREATE TEMPORARY TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INT NOT NULL PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB"
+	// mysqlWriteMarker takes the number as a literal: without arguments
+	// go-sql-driver/mysql sends one query, not a prepare, an execute and a
+	// close.
+	mysqlWriteMarker = "INSERT INTO " + dialect.TxMarker + " (k, n) VALUES (1, %d) ON DUPLICATE KEY UPDATE n = VALUES(n)"
+	mariaReadMarker  = "SELECT @@in_transaction, COALESCE((SELECT n FROM " + dialect.TxMarker + " WHERE k = 1), 0)"
+	mysqlReadMarker  = "SELECT 0, COALESCE((SELECT n FROM " + dialect.TxMarker + " WHERE k = 1), 0)"
+)
+
+// writeMarker writes marker into the connection's TEMP marker table,
+// creating the table on the connection's first use.
+func (b *Backend) writeMarker(ctx context.Context, tx *sql.Tx, marker int64) error {
+	create, write, args := liteCreateMarker, liteWriteMarker, []any{marker}
+	if b.d == MySQL {
+		create, write, args = mysqlCreateMarker, fmt.Sprintf(mysqlWriteMarker, marker), nil
+	}
+	_, err := tx.ExecContext(ctx, write, args...)
+	if err != nil && noSuchTable(err) {
+		if _, err = tx.ExecContext(ctx, create); err == nil {
+			_, err = tx.ExecContext(ctx, write, args...)
+		}
+	}
+	return err
+}
+
+// noSuchTable reports whether err says that a table does not exist
+// (SQLite's "no such table", MySQL's error 1146).
+func noSuchTable(err error) bool {
+	return strings.Contains(err.Error(), "no such table") || mysqlNoTable.MatchString(err.Error())
+}
+
+// mysqlNoTable matches go-sql-driver/mysql's rendering of error 1146.
+var mysqlNoTable = regexp.MustCompile(`(^|: )Error 1146\b`)
+
+// markerState reads, on tx's connection, whether the transaction that
+// wrote marker is still open (its marker in place and, on MariaDB,
+// @@in_transaction) and whether its marker committed (the transaction is
+// over, and its marker outlived it: it committed). SQLite's and MySQL 8's
+// reads cannot see an open transaction apart from a committed one: they
+// are asked only where the caller knows which (SQLite has no implicit
+// commit; MySQL 8's check said none is open).
+func (b *Backend) markerState(ctx context.Context, tx *sql.Tx, marker int64) (open, committed bool, err error) {
+	q := liteReadMarker
+	if b.d == MySQL {
+		q = mariaReadMarker
+		if b.mysqlServer.Load() == serverMySQL {
+			q = mysqlReadMarker
+		}
+	}
+	var inTx, n int64
+	if err := tx.QueryRowContext(ctx, q).Scan(&inTx, &n); err != nil {
+		if noSuchTable(err) {
+			return false, false, nil // created in a transaction rolled back since
+		}
+		return false, false, err
+	}
+	if n != marker {
+		return false, false, nil
+	}
+	return inTx == 1, inTx != 1, nil
+}
+
+// txGone ends an attempt whose transaction is no longer open after body:
+// the engine rolled it back (an error, nothing marked), or it committed
+// implicitly (MySQL's DDL and LOCK TABLES, a COMMIT statement), in which
+// case body's writes up to that point exist, those after it committed one
+// by one, and the record is marked Done now with the plain conditional
+// mark, outside any transaction, on tx's connection.
+func (b *Backend) txGone(ctx context.Context, tx *sql.Tx, plain *sql.Stmt, c store.Claim, k []byte, stamped any, marker int64) (done, unsure bool, err error) {
+	_, committed, err := b.markerState(ctx, tx, marker)
+	if err != nil {
+		return false, false, fmt.Errorf("the transaction is no longer open, and reading its marker failed: %w", err)
+	}
+	if !committed || plain == nil {
+		return false, false, errTxRolledBack
+	}
+	res, err := tx.StmtContext(ctx, plain).ExecContext(ctx, millis(b.ttl), stamped, k, c.Fence, c.Token)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	switch {
+	case err != nil:
+		return false, false, fmt.Errorf("%w, and marking the key done after it failed: %w (a redelivery runs body again)", errImplicitCommit, err)
+	case n != 1:
+		return false, false, fmt.Errorf("%w, and the claim was no longer held when it was marked done after it: not marked (the claim's holder now decides the key)", errImplicitCommit)
+	}
+	b.warnImplicitCommit(ctx, c)
+	return true, false, nil
+}
+
+// committedByBody ends an SQLite attempt whose mark matched and whose
+// commit found no transaction: body committed it with a COMMIT statement,
+// and the mark then committed on its own. It reads the record on conn to
+// be sure.
+func (b *Backend) committedByBody(ctx context.Context, conn *sql.Conn, c store.Claim, k []byte) (done, unsure bool, err error) {
+	var r row
+	if err := conn.QueryRowContext(ctx, b.q.Read, k).Scan(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now); err != nil {
+		return false, false, fmt.Errorf("the commit found no transaction, and reading the record failed: %w", err)
+	}
+	if r.state != 2 || r.fence != c.Fence || r.token != c.Token {
+		return false, false, errTxRolledBack
+	}
+	b.warnImplicitCommit(ctx, c)
+	return true, false, nil
+}
+
+// warnImplicitCommit logs that c's key was marked done after its body's
+// transaction had committed before its end.
+func (b *Backend) warnImplicitCommit(ctx context.Context, c store.Claim) {
+	b.logger.WarnContext(ctx, "sqllock: complete-tx: the body's transaction committed before its end "+
+		"(a statement that commits implicitly, such as CREATE TABLE, ALTER TABLE or LOCK TABLES on MySQL and MariaDB, or a COMMIT statement): "+
+		"the writes before it committed then, those after it each committed on its own, and the key was marked done after them, "+
+		"outside any transaction; keep such statements out of the body",
+		"key", c.Key, "fence", c.Fence)
+}
+
+// errImplicitCommit says that body's transaction committed before its
+// end, without the Done mark.
+var errImplicitCommit = errors.New("sqllock: the body's transaction committed implicitly before its end " +
+	"(a statement such as CREATE TABLE, LOCK TABLES or COMMIT): its writes exist without the Done mark")
 
 // The servers behind the MySQL dialect, as CompleteTx finds out on its
 // first call.
@@ -258,8 +406,11 @@ const (
 // mariaBoundIdle keeps the session's idle_write_transaction_timeout and
 // sets it to CommitIdleTimeout (whole seconds): a write transaction idle
 // for longer, its COMMIT not arriving, is ended by the server.
+// It also reads the transaction's marker into the user variable
+// @sqllock_tx_marker, which the mark requires (dialect.TxMarker).
 var mariaBoundIdle = "SET @sqllock_idle_write_transaction_timeout = @@session.idle_write_transaction_timeout, " +
-	"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second))
+	"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second)) + ", " +
+	"@" + dialect.TxMarker + " = (SELECT n FROM " + dialect.TxMarker + " WHERE k = 1)"
 
 // CommitIdleTimeout bounds, on the server, how long a transaction of
 // CompleteTx stays open after its Done mark's UPDATE (which locks c's
@@ -353,9 +504,22 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 			markQ = b.q.CompleteClaimed
 		}
 	}
-	st, err := b.stmt(ctx, markQ)
-	if err != nil {
-		return false, false, err
+	// SQLite's mark names the TEMP marker table, which exists only on
+	// connections that have run a CompleteTx: it is prepared on the
+	// transaction's own connection, not on the pool.
+	var st *sql.Stmt
+	if b.d != SQLite {
+		if st, err = b.stmt(ctx, markQ); err != nil {
+			return false, false, err
+		}
+	}
+	// plain is the mark without the transaction's conditions, which marks
+	// a key whose writes committed implicitly (MySQL, MariaDB).
+	var plain *sql.Stmt
+	if b.d == MySQL {
+		if plain, err = b.stmt(ctx, b.q.CompleteClaimed); err != nil {
+			return false, false, err
+		}
 	}
 	var lock *sql.Stmt
 	if b.q.LockWrites != "" {
@@ -399,6 +563,17 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 			return false, false, fmt.Errorf("taking the write lock: %w", err)
 		}
 	}
+	// marker is this transaction's number in the TEMP marker table
+	// (SQLite, MySQL): the mark requires it, and after the body it tells
+	// a transaction still open from one the engine committed or rolled
+	// back (see dialect.TxMarker).
+	var marker int64
+	if b.d != Postgres {
+		marker = txMarkers.Add(1)
+		if err := b.writeMarker(ctx, tx, marker); err != nil {
+			return false, false, fmt.Errorf("writing the transaction's marker: %w", err)
+		}
+	}
 	if err := body(ctx, tx); err != nil {
 		return false, false, fmt.Errorf("body: %w", err)
 	}
@@ -412,45 +587,68 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		_, err := tx.ExecContext(ctx, mysqlStillInTx)
 		switch {
 		case err == nil:
-			return false, false, errTxGone
+			return b.txGone(ctx, tx, plain, c, k, stamped, marker)
 		case !mysqlInProgress.MatchString(err.Error()):
 			return false, false, txEnded(ctx, "checking that the transaction is open", err)
 		}
 	}
-	mark := tx.StmtContext(ctx, st)
 	matched := false
-	if b.q.Returning {
+	switch {
+	case b.d == SQLite:
 		var v any
-		err = mark.QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped).Scan(&v)
+		err = tx.QueryRowContext(ctx, b.q.CompleteTx, k, c.Fence, millis(b.ttl), c.Token, stamped, marker).Scan(&v)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil
 		} else {
 			matched = err == nil
 		}
-	} else {
+	case b.q.Returning:
+		var v any
+		err = tx.StmtContext(ctx, st).QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped).Scan(&v)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil
+		} else {
+			matched = err == nil
+		}
+	default:
+		args := []any{millis(b.ttl), stamped, k, c.Fence, c.Token}
+		if server == serverMariaDB {
+			args = append(args, marker)
+		}
 		var res sql.Result
-		if res, err = mark.ExecContext(ctx, millis(b.ttl), stamped, k, c.Fence, c.Token); err == nil {
+		if res, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...); err == nil {
 			var n int64
 			n, err = res.RowsAffected()
 			matched = n == 1
 		}
 	}
 	if err != nil {
+		if b.d == SQLite && ctx.Err() == nil && !errors.Is(err, sql.ErrTxDone) {
+			// The mark names the marker table, whose creation a rollback
+			// under the body may have taken back with it.
+			if open, _, rerr := b.markerState(ctx, tx, marker); rerr == nil && !open {
+				return false, false, errTxRolledBack
+			}
+		}
 		if snapshotConflict(err) {
 			err = fmt.Errorf("%w: %w", errRecordChanged, err)
+		}
+		if pgAborted(err) {
+			err = fmt.Errorf("%w: %w", errTxAborted, err)
 		}
 		return false, false, txEnded(ctx, "marking done", err)
 	}
 	if !matched {
-		if server == serverMariaDB {
-			// The UPDATE requires @@in_transaction = 1: tell a transaction
-			// the server ended from a claim fenced out.
-			var inTx int
-			if err := tx.QueryRowContext(ctx, mariaInTx).Scan(&inTx); err != nil {
+		if b.d == SQLite || server == serverMariaDB {
+			// The mark requires the transaction's marker (and, on MariaDB,
+			// @@in_transaction = 1): tell a transaction the engine ended
+			// from a claim fenced out.
+			open, _, err := b.markerState(ctx, tx, marker)
+			if err != nil {
 				return false, false, fmt.Errorf("checking that the transaction is open: %w", err)
 			}
-			if inTx != 1 {
-				return false, false, errTxGone
+			if !open {
+				return b.txGone(ctx, tx, plain, c, k, stamped, marker)
 			}
 		}
 		return false, false, nil
@@ -467,6 +665,12 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		}
 		if mayHaveLanded(err) {
 			return false, true, err
+		}
+		if isSQLite(err) && strings.Contains(err.Error(), "no transaction is active") {
+			// The body committed tx itself (a COMMIT statement): the mark,
+			// which requires the transaction's marker, matched the
+			// committed one and committed on its own.
+			return b.committedByBody(ctx, conn, c, k)
 		}
 		if isSQLite(err) {
 			// A failed COMMIT may leave SQLite's transaction open on the

@@ -1,0 +1,216 @@
+package enginetest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// endTxWays returns, per engine, the ways the engine itself ends a
+// transaction under the body (each returns the failing statement's
+// error), for a backend whose table is table:
+//
+//   - PostgreSQL: any failed statement aborts the transaction (SELECT 1/0).
+//   - MariaDB: a deadlock's victim is rolled back whole and the session
+//     goes on outside any transaction; an explicit ROLLBACK statement on
+//     tx does the same to the session (a real deadlock victim needs a
+//     second transaction and the right timing: attack_tx_test.go has one).
+//   - SQLite: a writing statement interrupted because its own context
+//     ended rolls the whole transaction back (modernc.org/sqlite
+//     interrupts it); so does INSERT OR ROLLBACK hitting a constraint.
+func endTxWays(e engine, table string) map[string]func(ctx context.Context, tx *sql.Tx) error {
+	switch e.name {
+	case "postgres":
+		return map[string]func(ctx context.Context, tx *sql.Tx) error{
+			"failed-statement": func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "SELECT 1/0")
+				return err
+			},
+		}
+	case "mysql":
+		return map[string]func(ctx context.Context, tx *sql.Tx) error{
+			"rollback-as-a-deadlock-would": func(ctx context.Context, tx *sql.Tx) error {
+				_, err := tx.ExecContext(ctx, "ROLLBACK")
+				return err
+			},
+		}
+	}
+	return map[string]func(ctx context.Context, tx *sql.Tx) error{
+		"statement-cut-short-by-its-context": liteInterrupt,
+		"insert-or-rollback": func(ctx context.Context, tx *sql.Tx) error {
+			// The claim's own record is in the table: copying it breaks
+			// the primary key.
+			_, err := tx.ExecContext(ctx, `INSERT OR ROLLBACK INTO "`+table+`" SELECT * FROM "`+table+`" LIMIT 1`)
+			if err == nil {
+				return errors.New("INSERT OR ROLLBACK of a copied record succeeded")
+			}
+			return err
+		},
+	}
+}
+
+// liteInterrupt runs, in tx, a write that would take minutes on a
+// context that ends 10ms in: modernc.org/sqlite interrupts it, and SQLite
+// rolls the whole transaction back.
+func liteInterrupt(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, "CREATE TEMP TABLE IF NOT EXISTS endtx_scratch (x INTEGER)"); err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	_, err := tx.ExecContext(sctx, `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 2000000000)
+INSERT INTO temp.endtx_scratch SELECT x FROM c`)
+	if err == nil {
+		return errors.New("the interrupted write completed")
+	}
+	return err
+}
+
+// endTx is the harness's and the storm's way for e to end tx under the
+// body: the first of endTxWays (the context interrupt on SQLite).
+func endTx(e engine, table string) func(ctx context.Context, tx *sql.Tx) error {
+	if e.name == "sqlite" {
+		return liteInterrupt
+	}
+	for _, f := range endTxWays(e, table) {
+		return f
+	}
+	return nil
+}
+
+// When the engine ends the transaction under the body (a statement the
+// engine fails in a way that ends the whole transaction) and the body
+// swallows that error and returns nil, CompleteTx marks nothing: it
+// returns an error (nothing committed, so the delivery is nacked), the
+// record stays Claimed by c with none of the body's rows, and a
+// redelivery runs the body and commits once. On SQLite, before the fix,
+// the mark's UPDATE ran outside any transaction and committed on its own:
+// the record Done, no rows, the redelivery acked as a duplicate.
+func TestCompleteTxWhenTheEngineEndsTheTransactionUnderTheBodyMarksNothing(t *testing.T) {
+	eachEngine(t, engines, func(t *testing.T, e engine) {
+		db, b := e.fresh(t, nil)
+		s := newSink(t, e, db)
+		for name, end := range endTxWays(e, tableOf(b)) {
+			t.Run(name, func(t *testing.T) {
+				ctx := t.Context()
+				key := fmt.Sprintf("%s-%016x", name, rand.Uint64())
+				c := mustWin(t, b, key, time.Minute)
+				var swallowed error
+				ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
+					if err := s.write(ctx, tx, key); err != nil {
+						return err
+					}
+					swallowed = end(ctx, tx)
+					return nil
+				})
+				t.Logf("the body swallowed: %v; CompleteTx: %v %v", swallowed, ok, err)
+				if swallowed == nil && e.name != "mysql" {
+					t.Fatal("the statement that ends the transaction did not fail")
+				}
+				if ok || err == nil {
+					t.Fatalf("CompleteTx: %v %v, want an error (the transaction was gone, nothing committed)", ok, err)
+				}
+				if !strings.Contains(err.Error(), "nothing committed") {
+					t.Errorf("the error does not say that nothing committed: %v", err)
+				}
+				if n := s.rows(t, key); n != 0 {
+					t.Fatalf("%d rows of the body, want 0", n)
+				}
+				if state, fence, _, token, _ := record(t, e, db, b, key); state != 1 || fence != c.Fence || token != c.Token {
+					t.Fatalf("record: state %d fence %d, want still claimed by c (state 1, fence %d)", state, fence, c.Fence)
+				}
+				// The delivery nacks and its claim is released; the redelivery
+				// runs the body and commits once.
+				if err := b.Release(ctx, c); err != nil {
+					t.Fatal(err)
+				}
+				calls := 0
+				if err := idempotency.LockTx(ctx, b, key, func(ctx context.Context, tx *sql.Tx) error {
+					calls++
+					return s.write(ctx, tx, key)
+				}); err != nil || calls != 1 {
+					t.Fatalf("redelivery: %v, body ran %d times, want nil and 1", err, calls)
+				}
+				if n := s.rows(t, key); n != 1 {
+					t.Fatalf("%d rows after the redelivery, want 1", n)
+				}
+			})
+		}
+	})
+}
+
+// A body statement that commits implicitly on MariaDB (DDL such as
+// CREATE TABLE IF NOT EXISTS) commits the body's earlier writes without
+// the Done mark, and the rest of the body autocommits. CompleteTx finds
+// that out and marks the key done (the writes exist): a second delivery
+// of the same key is a duplicate, and the effect exists once. Before the
+// fix CompleteTx returned an error claiming the writes were rolled back,
+// and every redelivery wrote them again.
+func TestCompleteTxBodyThatCommitsImplicitlyOnMariaDBIsDoneOnce(t *testing.T) {
+	db, b := mariadb.fresh(t, nil)
+	s := newSink(t, mariadb, db)
+	ddl := fmt.Sprintf("CREATE TABLE IF NOT EXISTS ddl_%016x (id INTEGER)", rand.Uint64())
+	ctx := t.Context()
+	calls := 0
+	body := func(ctx context.Context, tx *sql.Tx) error {
+		calls++
+		if err := s.write(ctx, tx, "before"); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, ddl); err != nil {
+			return err
+		}
+		return s.write(ctx, tx, "after")
+	}
+	for i := range 2 {
+		err := idempotency.LockTx(ctx, b, "k", body)
+		t.Logf("delivery %d: %v", i+1, err)
+	}
+	if n, m := s.rows(t, "before"), s.rows(t, "after"); n != 1 || m != 1 || calls != 1 {
+		t.Fatalf("rows before/after the DDL: %d/%d, body ran %d times; want 1/1 and 1 (the second delivery a duplicate)", n, m, calls)
+	}
+	if r := outcome(t, b, "k"); r.Outcome != store.AlreadyDone {
+		t.Fatalf("the key: %v, want already done", r.Outcome)
+	}
+	// Through CompleteTx: true, the key done.
+	c := mustWin(t, b, "k2", time.Minute)
+	ok, err := b.CompleteTx(ctx, c, "fp", body)
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx of a body that committed implicitly: %v %v, want true (its writes exist, the key marked)", ok, err)
+	}
+	if state, _, _, _, fp := record(t, mariadb, db, b, "k2"); state != 2 || fp.String != fmt.Sprint(c.Fence, ":fp") {
+		t.Fatalf("record: state %d fingerprint %v, want done with %d:fp", state, fp, c.Fence)
+	}
+}
+
+// A MariaDB body whose transaction is rolled back under it (an explicit
+// ROLLBACK, as a deadlock's victim is) and which returns nil: CompleteTx
+// says the writes were rolled back, marks nothing, and the redelivery
+// runs the body and commits it once.
+func TestCompleteTxBodyRolledBackOnMariaDBSaysRolledBack(t *testing.T) {
+	db, b := mariadb.fresh(t, nil)
+	s := newSink(t, mariadb, db)
+	ctx := t.Context()
+	c := mustWin(t, b, "k", time.Minute)
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *sql.Tx) error {
+		if err := s.write(ctx, tx, "k"); err != nil {
+			return err
+		}
+		tx.ExecContext(ctx, "ROLLBACK")
+		return nil
+	})
+	if ok || err == nil || !strings.Contains(err.Error(), "rolled back") || !strings.Contains(err.Error(), "nothing committed") {
+		t.Fatalf("CompleteTx: %v %v, want an error saying the writes were rolled back and nothing committed", ok, err)
+	}
+	if state, _, _, _, _ := record(t, mariadb, db, b, "k"); state != 1 || s.rows(t, "k") != 0 {
+		t.Fatalf("state %d, %d rows; want still claimed, none", state, s.rows(t, "k"))
+	}
+}
