@@ -167,6 +167,11 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	if b.txOpts != nil && b.txOpts.ReadOnly {
 		return nil, errors.New("sqllock: WithTxOptions: a read-only transaction cannot hold the Done mark")
 	}
+	if b.txOpts != nil {
+		if err := d.checkIsolation(b.txOpts.Isolation); err != nil {
+			return nil, err
+		}
+	}
 	b.d = d
 	b.q = sq.Render(b.table)
 	schema, name := "", parts[len(parts)-1]

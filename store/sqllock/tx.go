@@ -24,7 +24,13 @@ var _ store.TxBackend[*sql.Tx] = (*Backend)(nil)
 // defaults (READ COMMITTED on PostgreSQL, REPEATABLE READ on MySQL and
 // MariaDB, a deferred transaction on SQLite, which CompleteTx then turns
 // into a writing one at once). ReadOnly makes New fail, as the Done mark
-// is a write. The other verbs run single statements and do not use them.
+// is a write, and so does an isolation level the engine does not have
+// (which its driver would refuse at every transaction's begin, or run at
+// another level): PostgreSQL and MySQL take sql.LevelReadUncommitted,
+// LevelReadCommitted, LevelRepeatableRead and LevelSerializable, SQLite
+// only LevelSerializable (all its transactions are); LevelSnapshot,
+// LevelWriteCommitted and LevelLinearizable none. The other verbs run
+// single statements and do not use them.
 //
 // Snapshot isolation and WithHeartbeat do not mix: at REPEATABLE READ or
 // SERIALIZABLE on PostgreSQL, and on MariaDB with

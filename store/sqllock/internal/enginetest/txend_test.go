@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
 )
 
 // endTxWays returns, per engine, the ways the engine itself ends a
@@ -213,4 +215,43 @@ func TestCompleteTxBodyRolledBackOnMariaDBSaysRolledBack(t *testing.T) {
 	if state, _, _, _, _ := record(t, mariadb, db, b, "k"); state != 1 || s.rows(t, "k") != 0 {
 		t.Fatalf("state %d, %d rows; want still claimed, none", state, s.rows(t, "k"))
 	}
+}
+
+// New accepts, through WithTxOptions, exactly the isolation levels the
+// engine has, and a CompleteTx at each of them commits; it refuses every
+// other level with an error naming it. Before the fix New accepted
+// sql.LevelSnapshot, LevelWriteCommitted and LevelLinearizable everywhere
+// (and every level on SQLite): on PostgreSQL and MariaDB every delivery's
+// begin then failed ("unsupported isolation"), on SQLite the transaction
+// ran at its one level whatever was asked.
+func TestNewRefusesAnIsolationLevelTheEngineDoesNotHave(t *testing.T) {
+	all := []sql.IsolationLevel{sql.LevelDefault, sql.LevelReadUncommitted, sql.LevelReadCommitted, sql.LevelWriteCommitted,
+		sql.LevelRepeatableRead, sql.LevelSnapshot, sql.LevelSerializable, sql.LevelLinearizable}
+	has := map[string][]sql.IsolationLevel{
+		"postgres": {sql.LevelDefault, sql.LevelReadUncommitted, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable},
+		"mysql":    {sql.LevelDefault, sql.LevelReadUncommitted, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable},
+		"sqlite":   {sql.LevelDefault, sql.LevelSerializable},
+	}
+	eachEngine(t, engines, func(t *testing.T, e engine) {
+		db := e.open(t, e.dsn(t), nil)
+		s := newSink(t, e, db)
+		for _, l := range all {
+			b, err := sqllock.New(db, e.dialect, sqllock.WithTxOptions(sql.TxOptions{Isolation: l}))
+			if !slices.Contains(has[e.name], l) {
+				if err == nil || !strings.Contains(err.Error(), l.String()) {
+					t.Errorf("New at %v: %v, want an error naming the level", l, err)
+				}
+				continue
+			}
+			if err != nil {
+				t.Fatalf("New at %v: %v", l, err)
+			}
+			b = e.backend(t, db, sqllock.WithTxOptions(sql.TxOptions{Isolation: l}))
+			key := "k-" + strings.ReplaceAll(l.String(), " ", "")
+			c := mustWin(t, b, key, time.Minute)
+			if ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, key) }); !ok || err != nil {
+				t.Errorf("CompleteTx at %v: %v %v, want true", l, ok, err)
+			}
+		}
+	})
 }
