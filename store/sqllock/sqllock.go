@@ -113,6 +113,9 @@ type Backend struct {
 	// probe is the arguments of q.HasFingerprint.
 	probe []any
 
+	// txConns counts the connections CompleteTx's transactions hold now.
+	txConns atomic.Int64
+
 	// mysqlServer is the server behind the MySQL dialect (serverUnknown
 	// until CompleteTx's first call finds it out).
 	mysqlServer atomic.Int32
@@ -752,14 +755,44 @@ func (b *Backend) release(ctx context.Context, k []byte, c store.Claim) error {
 	})
 }
 
+// renewable fails when every connection the pool may open
+// (sql.DB.SetMaxOpenConns) is held by a transaction of CompleteTx: a
+// renewal would wait for one of them to end, and the lease it renews is
+// most likely that transaction's own (WithHeartbeat on a pool of one).
+func (b *Backend) renewable(c store.Claim) error {
+	n := b.txConns.Load()
+	if n == 0 {
+		return nil
+	}
+	if max := b.db.Stats().MaxOpenConnections; max > 0 && n >= int64(max) {
+		return fmt.Errorf("sqllock: extend %q fence %d: cannot renew the lease now: every connection of the pool (SetMaxOpenConns(%d)) "+
+			"is held by a transaction of CompleteTx (under WithHeartbeat, the body's own), and a renewal needs one more; "+
+			"allow the pool more connections than there are transactional deliveries at once, or keep the body within its lease", c.Key, c.Fence, max)
+	}
+	return nil
+}
+
 // Extend implements store.Extender. It renews the lease at most once per
 // call: after an attempt whose outcome is unknown it returns an error
 // rather than sending the renewal again (see WithRetries).
+//
+// It fails at once, renewing nothing, while every connection the pool
+// may open (sql.DB.SetMaxOpenConns) is held by the backend's CompleteTx
+// transactions: a renewal would wait for one of them to end. Under
+// idempotency.WithHeartbeat on a pool of one connection that is every
+// renewal while the body runs (the body's transaction holds the
+// connection): the heartbeat logs the error and tries again at its next
+// tick, the body's commit is not held up, and the lease is not renewed.
+// Give such a pool more connections than there are transactional
+// deliveries at once.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
 	}
 	if err := store.ValidateLease(lease); err != nil {
+		return c, err
+	}
+	if err := b.renewable(c); err != nil {
 		return c, err
 	}
 	k := []byte(c.Key)

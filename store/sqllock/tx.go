@@ -537,6 +537,8 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 	if err != nil {
 		return false, false, fmt.Errorf("connection: %w", err)
 	}
+	b.txConns.Add(1)
+	defer b.txConns.Add(-1)
 	// restore is set once MariaDB's idle_write_transaction_timeout has
 	// been changed on conn: it is put back before conn goes back to the
 	// pool, and conn is discarded if that fails.

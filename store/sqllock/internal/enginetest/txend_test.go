@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -252,6 +254,79 @@ func TestNewRefusesAnIsolationLevelTheEngineDoesNotHave(t *testing.T) {
 			if ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, key) }); !ok || err != nil {
 				t.Errorf("CompleteTx at %v: %v %v, want true", l, ok, err)
 			}
+		}
+	})
+}
+
+// logRecorder is a slog handler that keeps every record's level and
+// message, with its attributes.
+type logRecorder struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	line := rec.Level.String() + " " + rec.Message
+	rec.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	r.mu.Lock()
+	r.lines = append(r.lines, line)
+	r.mu.Unlock()
+	return nil
+}
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+// all returns the lines kept so far.
+func (r *logRecorder) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.lines)
+}
+
+// On a pool of one connection (db.SetMaxOpenConns(1)) a LockTx under
+// WithHeartbeat holds the only connection for the body's transaction, so
+// no renewal can get one while the body runs. The renewals fail at once
+// with an error that says so (the heartbeat logs it, and tries again),
+// rather than each one waiting for the connection: the body's commit is
+// not held up, the delivery commits once, and nothing deadlocks. Before
+// the fix each renewal waited, silently, for the transaction's end.
+func TestLockTxWithHeartbeatOnAPoolOfOneConnectionCommitsOnceAndSaysRenewalsCannotRun(t *testing.T) {
+	eachEngine(t, engines, func(t *testing.T, e engine) {
+		dsn := e.dsn(t)
+		db := e.open(t, dsn, nil)
+		db.SetMaxOpenConns(1)
+		b := e.backend(t, db)
+		s := newSink(t, e, e.open(t, dsn, nil))
+		logs := &logRecorder{}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		key := fmt.Sprintf("k-%016x", rand.Uint64())
+		calls := 0
+		err := idempotency.LockTx(ctx, b, key, func(ctx context.Context, tx *sql.Tx) error {
+			calls++
+			if err := s.write(ctx, tx, key); err != nil {
+				return err
+			}
+			time.Sleep(time.Second) // several heartbeats
+			return nil
+		}, idempotency.WithHeartbeat(idempotency.MinHeartbeat), idempotency.WithLease(5*time.Second),
+			idempotency.WithLogger(slog.New(logs)))
+		if err != nil || calls != 1 || s.rows(t, key) != 1 {
+			t.Fatalf("LockTx: %v, body ran %d times, %d rows; want nil, 1, 1", err, calls, s.rows(t, key))
+		}
+		said := 0
+		for _, l := range logs.all() {
+			t.Log(l)
+			if strings.Contains(l, "lease renewal failed") && strings.Contains(l, "pool") {
+				said++
+			}
+		}
+		if said == 0 {
+			t.Fatal("no renewal said that the pool's only connection was held by the body's transaction")
+		}
+		if st := db.Stats(); st.InUse != 0 {
+			t.Fatalf("%d connections in use after LockTx", st.InUse)
 		}
 	})
 }
