@@ -68,6 +68,26 @@ func (s sink) write(ctx context.Context, tx *sql.Tx, id string) error {
 	return err
 }
 
+// read counts, in tx, the rows carrying id; on PostgreSQL and MySQL it
+// locks them (SELECT ... FOR UPDATE), as a body that reads before it
+// writes would.
+func (s sink) read(ctx context.Context, tx *sql.Tx, id string) (int, error) {
+	q := "SELECT id FROM " + s.table + " WHERE id = ?"
+	if s.e.name != "sqlite" {
+		q += " FOR UPDATE"
+	}
+	rows, err := tx.QueryContext(ctx, rebind(s.e, q), id)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
+}
+
 // rows counts the committed rows carrying id, outside any transaction.
 func (s sink) rows(t testing.TB, id string) int {
 	t.Helper()
@@ -926,9 +946,12 @@ func TestTxContract(t *testing.T) {
 				db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
 				h.Faults = proxy
 			}
-			h.Backend = e.backend(t, db, sqllock.WithTTL(ttl))
+			b := e.backend(t, db, sqllock.WithTTL(ttl))
+			h.Backend = b
 			s := newSink(t, e, direct)
 			h.Write = s.write
+			h.Read = s.read
+			h.EndTx = endTx(e, tableOf(b))
 			h.Count = func(ctx context.Context, id string) (int, error) {
 				var n int
 				err := direct.QueryRowContext(ctx, s.count, id).Scan(&n)
