@@ -247,6 +247,18 @@ var errTxRolledBack = errors.New("sqllock: the transaction was rolled back under
 var errTxAborted = errors.New("sqllock: the transaction was aborted under the body by a failed statement whose error body did not return; " +
 	"nothing committed, and the Done mark was not written (the delivery is nacked and runs again)")
 
+// PostgreSQL's marker: a setting local to the transaction.
+const (
+	pgWriteMarker = "SELECT set_config('" + dialect.PgTxMarker + "', $1, true)"
+	pgReadMarker  = "SELECT current_setting('" + dialect.PgTxMarker + "', true) IS NOT DISTINCT FROM $1"
+)
+
+// errTxEndedByStatement ends a PostgreSQL attempt whose transaction a
+// ROLLBACK or COMMIT statement of body ended.
+var errTxEndedByStatement = errors.New("sqllock: the transaction was ended under the body by a ROLLBACK or COMMIT statement on tx, " +
+	"and the Done mark was not written: after a ROLLBACK nothing committed (the delivery is nacked and runs again); " +
+	"after a COMMIT the body's writes before it exist without the mark")
+
 // pgAborted reports whether err is PostgreSQL's refusal of a statement in
 // an aborted transaction (SQLSTATE 25P02).
 func pgAborted(err error) bool {
@@ -527,6 +539,12 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 			return false, false, err
 		}
 	}
+	var pgMarker *sql.Stmt
+	if b.d == Postgres {
+		if pgMarker, err = b.stmt(ctx, pgWriteMarker); err != nil {
+			return false, false, err
+		}
+	}
 	var lock *sql.Stmt
 	if b.q.LockWrites != "" {
 		if lock, err = b.stmt(ctx, b.q.LockWrites); err != nil {
@@ -575,12 +593,14 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 	// (SQLite, MySQL): the mark requires it, and after the body it tells
 	// a transaction still open from one the engine committed or rolled
 	// back (see dialect.TxMarker).
-	var marker int64
-	if b.d != Postgres {
-		marker = txMarkers.Add(1)
-		if err := b.writeMarker(ctx, tx, marker); err != nil {
-			return false, false, fmt.Errorf("writing the transaction's marker: %w", err)
-		}
+	marker := txMarkers.Add(1)
+	if pgMarker != nil {
+		_, err = tx.StmtContext(ctx, pgMarker).ExecContext(ctx, strconv.FormatInt(marker, 10))
+	} else {
+		err = b.writeMarker(ctx, tx, marker)
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("writing the transaction's marker: %w", err)
 	}
 	if err := body(ctx, tx); err != nil {
 		return false, false, fmt.Errorf("body: %w", err)
@@ -612,7 +632,7 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		}
 	case b.q.Returning:
 		var v any
-		err = tx.StmtContext(ctx, st).QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped).Scan(&v)
+		err = tx.StmtContext(ctx, st).QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped, strconv.FormatInt(marker, 10)).Scan(&v)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil
 		} else {
@@ -647,6 +667,18 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		return false, false, txEnded(ctx, "marking done", err)
 	}
 	if !matched {
+		if b.d == Postgres {
+			// The mark requires the transaction's marker: tell a
+			// transaction a ROLLBACK or COMMIT statement ended from a claim
+			// fenced out.
+			var open bool
+			if err := tx.QueryRowContext(ctx, pgReadMarker, strconv.FormatInt(marker, 10)).Scan(&open); err != nil {
+				return false, false, fmt.Errorf("checking that the transaction is open: %w", err)
+			}
+			if !open {
+				return false, false, errTxEndedByStatement
+			}
+		}
 		if b.d == SQLite || server == serverMariaDB {
 			// The mark requires the transaction's marker (and, on MariaDB,
 			// @@in_transaction = 1): tell a transaction the engine ended

@@ -63,7 +63,11 @@ type SQL struct {
 	// RETURNING sets idle_in_transaction_session_timeout to
 	// CommitIdleMillis for the transaction (SET LOCAL), so that a commit
 	// that never arrives (a frozen client or network) ends the transaction
-	// and frees the record's row lock. MySQL's is MariaDB's: it changes
+	// and frees the record's row lock; it also changes nothing unless the
+	// transaction-local setting PgTxMarker holds the transaction's marker
+	// (its sixth argument): a ROLLBACK or COMMIT statement of the body,
+	// after which the mark would run on its own, takes the setting away.
+	// MySQL's is MariaDB's: it changes
 	// nothing unless the session is still in a transaction
 	// (@@in_transaction, which MySQL 8 lacks: there CompleteClaimed runs)
 	// and the user variable @sqllock_tx_marker, read from the marker table
@@ -129,6 +133,11 @@ func (d *SQL) Quote(name string) string { return d.quote + name + d.quote }
 // back. On MySQL it is also the name of the user variable the marker is
 // read into.
 const TxMarker = "sqllock_tx_marker"
+
+// PgTxMarker is the setting that a transactional completion on PostgreSQL
+// sets for its transaction only (set_config(..., true), as SET LOCAL) to
+// the transaction's marker, which the mark requires (see TxMarker).
+const PgTxMarker = "sqllock.tx_marker"
 
 // CommitIdleMillis is how long, in milliseconds, a transactional
 // completion's transaction may stay idle on the server after its Done
@@ -241,7 +250,7 @@ FROM {T} t, clock$ WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up$)`,
 		Complete:        pgComplete,
 		CompleteCounts:  true,
 		CompleteClaimed: pgComplete + ` AND state = 1 RETURNING 1`,
-		CompleteTx: pgComplete + ` AND state = 1
+		CompleteTx: pgComplete + ` AND state = 1 AND current_setting('` + PgTxMarker + `', true) = $6
 RETURNING set_config('idle_in_transaction_session_timeout', '` + strconv.Itoa(CommitIdleMillis) + `', true)`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c$.ms, expires_at_ms = c$.ms + $3
 FROM (SELECT {NOW} AS ms) c$
