@@ -14,12 +14,13 @@
 //	SQLite      1 / 2 / 1                         1          1
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
-// CompleteTx adds, to the body's own statements, a begin, one UPDATE and
-// the commit on PostgreSQL; SQLite adds a write that takes its write lock
-// first; MariaDB three round trips more (bounding the commit's wait and
-// putting the bound back, and a ROLLBACK after the COMMIT it sends as a
-// statement), MySQL 8 two (a check that the transaction is still open,
-// and that ROLLBACK). See CompleteTx.
+// CompleteTx adds, to the body's own statements, a begin, the
+// transaction's marker, one UPDATE and the commit on PostgreSQL; SQLite
+// adds a write that takes its write lock first; MariaDB three round trips
+// more (bounding the commit's wait and putting the bound back, and a
+// ROLLBACK after the COMMIT it sends as a statement), MySQL 8 two (a
+// check that the transaction is still open, and that ROLLBACK). See
+// CompleteTx.
 //
 // The operations (store.Operator) take, on every engine: Inspect one round
 // trip, List one per page (reading at most the page's limit of rows: see

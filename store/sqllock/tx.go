@@ -104,19 +104,48 @@ const SettleTimeout = 30 * time.Second
 // attempt (see WithTxOptions).
 //
 // Body must return every error a statement on tx returned (wrapped or
-// not), and must leave the transaction open. A failed statement may have
-// ended the whole transaction on the server: MySQL and MariaDB roll it
-// back on a deadlock (1213) and carry on outside any transaction,
-// PostgreSQL aborts it on any error. A body that swallows such an error
-// would have the Done mark commit without its earlier writes; CompleteTx
-// checks, before the mark, that the transaction is still open (MariaDB:
-// @@in_transaction, read in the UPDATE itself, and again when it matches
-// no row; MySQL 8, which lacks it: SET TRANSACTION READ WRITE, which the
-// server refuses with error 1568 inside a transaction; PostgreSQL: the
-// aborted transaction refuses the UPDATE), and if it is not, rolls back
-// and returns an error, nothing marked. A body that commits or rolls back
-// tx itself makes the next statement fail with sql.ErrTxDone (and if it
-// committed, its writes exist without the mark).
+// not), and must leave the transaction open. Some statements and
+// failures end the whole transaction under body, and the statements
+// after them run outside it: PostgreSQL aborts it on any failed
+// statement; MySQL and MariaDB roll it back on a deadlock (1213) or an
+// explicit ROLLBACK, and commit it implicitly on DDL (CREATE TABLE IF NOT
+// EXISTS, ALTER TABLE, ...), LOCK TABLES or COMMIT; SQLite rolls it back
+// when a writing statement is interrupted because its context ended, on
+// INSERT OR ROLLBACK hitting a constraint, SQLITE_FULL or SQLITE_IOERR.
+// CompleteTx never lets the Done mark commit on its own after such an
+// end, whatever body returns: at the transaction's start it writes a
+// marker, a number no earlier transaction of the process used, that a
+// rollback takes away (PostgreSQL: the transaction-local setting
+// sqllock.tx_marker; MySQL, MariaDB and SQLite: a row in the
+// connection's TEMP table sqllock_tx_marker, which the first CompleteTx
+// on a connection creates; on MySQL and MariaDB that needs the CREATE
+// TEMPORARY TABLES privilege), and the mark's UPDATE requires it (on
+// MariaDB also @@in_transaction = 1; MySQL 8, which lacks it, is checked
+// with SET TRANSACTION READ WRITE, refused inside a transaction). After
+// body:
+//
+//   - Rolled back (or aborted): nothing is marked, and the error says
+//     that body's writes were rolled back and nothing committed.
+//   - Committed before its end (MySQL and MariaDB: an implicit commit,
+//     told from a rollback by the marker, which a commit keeps): body's
+//     writes before that statement committed with it, and each one after
+//     it committed on its own. The key is marked done now, with the plain
+//     fenced mark outside any transaction, a warning is logged
+//     (WithLogger), and CompleteTx answers true: a redelivery is a
+//     duplicate rather than writing them again. A crash between the
+//     implicit commit and that mark leaves the writes without the mark
+//     (the redelivery writes them again), so keep such statements out of
+//     body. If the claim was lost by then, nothing is marked and the
+//     error says that the writes exist. On SQLite a COMMIT statement of
+//     body leaves the marker committed, and the mark commits on its own
+//     right after: true, with the warning.
+//   - A ROLLBACK or COMMIT statement of body on PostgreSQL: nothing is
+//     marked, an error (after a COMMIT, the writes before it exist
+//     without the mark).
+//
+// A body that calls tx.Commit or tx.Rollback itself makes the next
+// statement fail with sql.ErrTxDone, and CompleteTx returns an error (if
+// body committed, its writes exist without the mark).
 //
 // ctx governs the transaction: a ctx that ends before the commit rolls it
 // back (database/sql does), and a ctx that ends during the commit ends
@@ -171,13 +200,16 @@ const SettleTimeout = 30 * time.Second
 //     its undo history; SQLite blocks every other writer. Keep body to
 //     the writes that must commit with the mark.
 //
-// Round trips, besides body's statements: PostgreSQL: begin, the UPDATE,
-// the commit. SQLite (in process): begin, the write that takes the lock,
-// the UPDATE, the commit. MariaDB: begin, setting the commit's bound, the
-// UPDATE, the COMMIT, the ROLLBACK that ends tx, putting the bound back
-// (and, once per Backend, a SELECT @@in_transaction that tells MariaDB
-// from MySQL). MySQL 8: begin, the check that the transaction is open,
-// the UPDATE, the COMMIT, the ROLLBACK.
+// Round trips, besides body's statements: PostgreSQL: begin, the
+// marker, the UPDATE, the commit. SQLite (in process): begin, the write
+// that takes the lock, the marker, the UPDATE (compiled on each call: it
+// names the connection's TEMP table), the commit. MariaDB: begin, the
+// marker, setting the commit's bound, the UPDATE, the COMMIT, the
+// ROLLBACK that ends tx, putting the bound back (and, once per Backend,
+// a SELECT @@in_transaction that tells MariaDB from MySQL). MySQL 8:
+// begin, the marker, the check that the transaction is open, the UPDATE,
+// the COMMIT, the ROLLBACK. A connection's first CompleteTx on MySQL,
+// MariaDB or SQLite also creates the marker table (two more).
 func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err

@@ -336,3 +336,65 @@ func TestLockTxWithHeartbeatOnAPoolOfOneConnectionCommitsOnceAndSaysRenewalsCann
 		}
 	})
 }
+
+// A body that sends a COMMIT statement on tx: the writes before it
+// commit. On SQLite the marker committed with them, and the mark, which
+// requires it, commits on its own right after: true, the key done, the
+// writes once. On PostgreSQL the setting that holds the marker ends with
+// the transaction: nothing is marked and CompleteTx fails (the writes
+// exist without the mark). On MariaDB it is an implicit commit: true.
+func TestCompleteTxBodyThatSendsCommit(t *testing.T) {
+	eachEngine(t, engines, func(t *testing.T, e engine) {
+		db, b := e.fresh(t, nil)
+		s := newSink(t, e, db)
+		c := mustWin(t, b, "k", time.Minute)
+		ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *sql.Tx) error {
+			if err := s.write(ctx, tx, "k"); err != nil {
+				return err
+			}
+			_, err := tx.ExecContext(ctx, "COMMIT")
+			return err
+		})
+		t.Logf("CompleteTx: %v %v", ok, err)
+		state, _, _, _, _ := record(t, e, db, b, "k")
+		if n := s.rows(t, "k"); n != 1 {
+			t.Fatalf("%d rows, want 1 (the body's COMMIT)", n)
+		}
+		if e.name == "postgres" {
+			if ok || err == nil || state != 1 {
+				t.Fatalf("CompleteTx: %v %v, state %d; want an error and the record still claimed", ok, err, state)
+			}
+			return
+		}
+		if !ok || err != nil || state != 2 {
+			t.Fatalf("CompleteTx: %v %v, state %d; want true and the key done", ok, err, state)
+		}
+	})
+}
+
+// A MariaDB body that commits implicitly and whose claim is then taken by
+// another delivery: the writes before the DDL exist, the key is not
+// marked for the lost claim, and the error says that the writes exist.
+func TestCompleteTxBodyThatCommitsImplicitlyAndLosesItsClaimSaysTheWritesExist(t *testing.T) {
+	db, b := mariadb.fresh(t, nil)
+	s := newSink(t, mariadb, db)
+	ddl := fmt.Sprintf("CREATE TABLE IF NOT EXISTS ddl_%016x (id INTEGER)", rand.Uint64())
+	c := mustWin(t, b, "k", time.Minute)
+	ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *sql.Tx) error {
+		if err := s.write(ctx, tx, "k"); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, ddl); err != nil {
+			return err
+		}
+		expireNow(t, db, mariadb, b, "k")
+		mustWin(t, b, "k", time.Minute)
+		return nil
+	})
+	if ok || err == nil || !strings.Contains(err.Error(), "writes exist") {
+		t.Fatalf("CompleteTx: %v %v, want an error saying that the writes exist", ok, err)
+	}
+	if state, fence, _, _, _ := record(t, mariadb, db, b, "k"); state != 1 || fence != c.Fence+1 || s.rows(t, "k") != 1 {
+		t.Fatalf("state %d fence %d, %d rows; want the other delivery's claim (fence %d) and the write", state, fence, s.rows(t, "k"), c.Fence+1)
+	}
+}
