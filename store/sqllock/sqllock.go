@@ -756,36 +756,32 @@ func (b *Backend) release(ctx context.Context, k []byte, c store.Claim) error {
 	})
 }
 
-// renewable fails when every connection the pool may open
-// (sql.DB.SetMaxOpenConns) is held by a transaction of CompleteTx: a
-// renewal would wait for one of them to end, and the lease it renews is
-// most likely that transaction's own (WithHeartbeat on a pool of one).
+// renewable fails when the pool may open one connection
+// (sql.DB.SetMaxOpenConns(1)) and a transaction of CompleteTx holds it: a
+// renewal would wait for that transaction to end, and the lease it renews
+// is that transaction's own (WithHeartbeat). On a larger pool a renewal
+// waits for a connection, which another delivery's end frees.
 func (b *Backend) renewable(c store.Claim) error {
-	n := b.txConns.Load()
-	if n == 0 {
+	if b.txConns.Load() == 0 || b.db.Stats().MaxOpenConnections != 1 {
 		return nil
 	}
-	if max := b.db.Stats().MaxOpenConnections; max > 0 && n >= int64(max) {
-		return fmt.Errorf("sqllock: extend %q fence %d: cannot renew the lease now: every connection of the pool (SetMaxOpenConns(%d)) "+
-			"is held by a transaction of CompleteTx (under WithHeartbeat, the body's own), and a renewal needs one more; "+
-			"allow the pool more connections than there are transactional deliveries at once, or keep the body within its lease", c.Key, c.Fence, max)
-	}
-	return nil
+	return fmt.Errorf("sqllock: extend %q fence %d: cannot renew the lease now: the pool's only connection (SetMaxOpenConns(1)) "+
+		"is held by a transaction of CompleteTx (under WithHeartbeat, the body's own), and a renewal needs another; "+
+		"allow the pool more connections than there are transactional deliveries at once, or keep the body within its lease", c.Key, c.Fence)
 }
 
 // Extend implements store.Extender. It renews the lease at most once per
 // call: after an attempt whose outcome is unknown it returns an error
 // rather than sending the renewal again (see WithRetries).
 //
-// It fails at once, renewing nothing, while every connection the pool
-// may open (sql.DB.SetMaxOpenConns) is held by the backend's CompleteTx
-// transactions: a renewal would wait for one of them to end. Under
-// idempotency.WithHeartbeat on a pool of one connection that is every
-// renewal while the body runs (the body's transaction holds the
-// connection): the heartbeat logs the error and tries again at its next
-// tick, the body's commit is not held up, and the lease is not renewed.
-// Give such a pool more connections than there are transactional
-// deliveries at once.
+// On a pool of one connection (sql.DB.SetMaxOpenConns(1)) it fails at
+// once, renewing nothing, while a CompleteTx transaction of the backend
+// holds that connection: a renewal would wait for the transaction to end.
+// Under idempotency.WithHeartbeat that is every renewal while the body
+// runs: the heartbeat logs the error and tries again at its next tick,
+// the body's commit is not held up, and the lease is not renewed. Give
+// such a pool more connections than there are transactional deliveries
+// at once. On a larger pool a renewal waits for a free connection.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
