@@ -139,6 +139,10 @@ const SettleTimeout = 30 * time.Second
 //     error says that the writes exist. On SQLite a COMMIT statement of
 //     body leaves the marker committed, and the mark commits on its own
 //     right after: true, with the warning.
+//   - Body returned an error after its transaction committed implicitly
+//     (MySQL, MariaDB): the error wraps body's and says so (the writes
+//     before that statement exist, the record stays Claimed by c), and
+//     the transaction is not run again, even for a deadlock.
 //   - A ROLLBACK or COMMIT statement of body on PostgreSQL: nothing is
 //     marked, an error (after a COMMIT, the writes before it exist
 //     without the mark).
@@ -635,6 +639,14 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		return false, false, fmt.Errorf("writing the transaction's marker: %w", err)
 	}
 	if err := body(ctx, tx); err != nil {
+		if b.d == MySQL && ctx.Err() == nil {
+			// A statement of body may have committed the transaction
+			// implicitly before the error: its writes before it exist,
+			// and a new attempt would write them again.
+			if _, committed, rerr := b.markerState(ctx, tx, marker); rerr == nil && committed {
+				return false, false, fmt.Errorf("body: %w (%w; the record stays claimed, and the transaction is not run again)", err, errImplicitCommit)
+			}
+		}
 		return false, false, fmt.Errorf("body: %w", err)
 	}
 	switch server {
@@ -821,7 +833,7 @@ func isSQLite(err error) bool {
 // run again, body included: a serialization failure or a deadlock, which
 // rolled the transaction back, or a busy SQLite database.
 func retryTx(err error) bool {
-	if errors.Is(err, errCommitRefused) {
+	if errors.Is(err, errCommitRefused) || errors.Is(err, errImplicitCommit) {
 		return false
 	}
 	var pg interface{ SQLState() string }

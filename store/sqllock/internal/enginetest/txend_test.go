@@ -244,7 +244,7 @@ func TestNewRefusesAnIsolationLevelTheEngineDoesNotHave(t *testing.T) {
 		db := e.open(t, e.dsn(t), nil)
 		s := newSink(t, e, db)
 		for _, l := range all {
-			b, err := sqllock.New(db, e.dialect, sqllock.WithTxOptions(sql.TxOptions{Isolation: l}))
+			_, err := sqllock.New(db, e.dialect, sqllock.WithTxOptions(sql.TxOptions{Isolation: l}))
 			if !slices.Contains(has[e.name], l) {
 				if err == nil || !strings.Contains(err.Error(), l.String()) {
 					t.Errorf("New at %v: %v, want an error naming the level", l, err)
@@ -254,7 +254,7 @@ func TestNewRefusesAnIsolationLevelTheEngineDoesNotHave(t *testing.T) {
 			if err != nil {
 				t.Fatalf("New at %v: %v", l, err)
 			}
-			b = e.backend(t, db, sqllock.WithTxOptions(sql.TxOptions{Isolation: l}))
+			b := e.backend(t, db, sqllock.WithTxOptions(sql.TxOptions{Isolation: l}))
 			key := "k-" + strings.ReplaceAll(l.String(), " ", "")
 			c := mustWin(t, b, key, time.Minute)
 			if ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *sql.Tx) error { return s.write(ctx, tx, key) }); !ok || err != nil {
@@ -396,5 +396,35 @@ func TestCompleteTxBodyThatCommitsImplicitlyAndLosesItsClaimSaysTheWritesExist(t
 	}
 	if state, fence, _, _, _ := record(t, mariadb, db, b, "k"); state != 1 || fence != c.Fence+1 || s.rows(t, "k") != 1 {
 		t.Fatalf("state %d fence %d, %d rows; want the other delivery's claim (fence %d) and the write", state, fence, s.rows(t, "k"), c.Fence+1)
+	}
+}
+
+// A MariaDB body that commits implicitly and then fails: CompleteTx
+// returns its error, says that the writes before the DDL exist, and does
+// not run the transaction again, even for an error it would retry (a
+// deadlock): a new attempt would write them a second time. Before the fix
+// the deadlock's attempt ran the body again (two rows).
+func TestCompleteTxBodyThatCommitsImplicitlyAndFailsIsNotRunAgain(t *testing.T) {
+	db, b := mariadb.fresh(t, nil)
+	s := newSink(t, mariadb, db)
+	ddl := fmt.Sprintf("CREATE TABLE IF NOT EXISTS ddl_%016x (id INTEGER)", rand.Uint64())
+	c := mustWin(t, b, "k", time.Minute)
+	calls := 0
+	deadlock := retryError(mariadb)
+	ok, err := b.CompleteTx(t.Context(), c, "", func(ctx context.Context, tx *sql.Tx) error {
+		calls++
+		if err := s.write(ctx, tx, "k"); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, ddl); err != nil {
+			return err
+		}
+		return deadlock
+	})
+	if ok || err == nil || !errors.Is(err, deadlock) || !strings.Contains(err.Error(), "committed implicitly") {
+		t.Fatalf("CompleteTx: %v %v, want the body's error, saying the transaction committed implicitly", ok, err)
+	}
+	if calls != 1 || s.rows(t, "k") != 1 {
+		t.Fatalf("body ran %d times, %d rows; want 1 and 1", calls, s.rows(t, "k"))
 	}
 }
