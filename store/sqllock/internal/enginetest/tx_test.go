@@ -919,7 +919,13 @@ func TestCompleteTxCrashBeforeTheCommitLeavesNeither(t *testing.T) {
 // TestTxContract runs the storetest suite's CompleteTx cases on every
 // engine, with the body's rows in a table of their own beside the
 // backend's. The networked engines get a DropProxy per case, as in
-// TestContract; Count reads past it.
+// TestContract; Count reads past it. Read is the body's own read of its
+// rows (FOR UPDATE on PostgreSQL and MariaDB); EndTx ends the transaction
+// the engine's way (endTx): PostgreSQL a failing statement (SELECT 1/0),
+// which aborts it; MariaDB an explicit ROLLBACK statement, which leaves
+// the session where a deadlock's victim is (a real deadlock needs a
+// second transaction and the right timing); SQLite a write interrupted
+// because its own context ended.
 //
 // SQLite gets a database file per case (cases run in parallel, and SQLite
 // has one writer per database) opened with a busy timeout of one second:
