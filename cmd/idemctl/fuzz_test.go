@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // FuzzStoreURL: any --store value either opens (the schemes whose opening
@@ -63,6 +66,41 @@ func FuzzStoreURL(f *testing.F) {
 			if strings.ContainsAny(path, "?#%") || strings.IndexFunc(path, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
 				t.Fatalf("openStore(%q) opened the sqlite path %q", raw, path)
 			}
+		}
+	})
+}
+
+// FuzzShowKey: whatever a key holds, its text rendering (alone and in a
+// record's line) holds no byte that moves the cursor or starts a line and
+// no non-printable rune, is the key itself when it does not start with '"',
+// and unquotes to the key when it does.
+func FuzzShowKey(f *testing.F) {
+	for _, s := range []string{"orders:1", "a\x1b[2K", "a\rb", "a\nb  claimed, held", "\"", `\`, "", " ", "é", "\u202e", "\xff", "\x00"} {
+		f.Add(s)
+	}
+	c := &cli{o: opts{ttl: time.Hour}}
+	now := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, key string) {
+		shown := showKey(key)
+		line := c.line(store.Record{Key: key, State: store.Done, Fence: 1, ExpiresAt: now, Version: "v", Now: now})
+		for _, s := range []string{shown, line} {
+			for i, r := range s {
+				if r < 0x20 || r == 0x7f || !strconv.IsPrint(r) && r != ' ' {
+					t.Fatalf("showKey(%q): %q at %d in %q", key, r, i, s)
+				}
+			}
+		}
+		if !strings.HasPrefix(line, shown+"  ") {
+			t.Fatalf("line %q does not start with the shown key %q", line, shown)
+		}
+		if !strings.HasPrefix(shown, `"`) {
+			if shown != key {
+				t.Fatalf("showKey(%q) = %q: neither the key nor quoted", key, shown)
+			}
+			return
+		}
+		if u, err := strconv.Unquote(shown); err != nil || u != key {
+			t.Fatalf("showKey(%q) = %q, which unquotes to %q, %v", key, shown, u, err)
 		}
 	})
 }
