@@ -165,19 +165,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 			tagList = append(tagList, m.Tag(v))
 		}
 	}
+	gomods, err := releaseGoMods(mods, changed)
+	if err != nil {
+		return err
+	}
 	if *dryRun {
 		shown := map[*Module][]byte{}
-		for _, m := range mods {
-			data, ok := changed[m]
-			if !ok {
-				data = m.Data
-			}
-			released, err := releasedGoMod(m, mods, data)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(released, m.Data) {
-				shown[m] = released
+		for m, g := range gomods {
+			if !bytes.Equal(g.released, m.Data) {
+				shown[m] = g.released
 			}
 		}
 		if err := printDiff(stdout, root, shown, newCL); err != nil {
@@ -215,21 +211,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	dev := map[string][]byte{}
 	for _, m := range mods {
 		rel := filepath.ToSlash(filepath.Join(m.Dir, "go.mod"))
-		data, ok := changed[m]
-		if !ok {
-			data = m.Data
-		}
-		released, err := releasedGoMod(m, mods, data)
-		if err != nil {
-			return err
-		}
-		if !bytes.Equal(released, data) {
-			dev[rel] = data
-			if err := os.WriteFile(filepath.Join(root, m.Dir, "go.mod"), released, 0o644); err != nil {
+		g := gomods[m]
+		if !bytes.Equal(g.released, g.dev) {
+			dev[rel] = g.dev
+			if err := os.WriteFile(filepath.Join(root, m.Dir, "go.mod"), g.released, 0o644); err != nil {
 				return err
 			}
 		}
-		if ok || !bytes.Equal(released, data) {
+		if !bytes.Equal(g.released, m.Data) {
 			files = append(files, rel)
 		}
 	}
@@ -270,6 +259,29 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	printPush(stdout, root, *remote, levels, v)
 	return nil
+}
+
+// goMods is a module's go.mod at the release: dev, with the versions set
+// (and the replace directives to this checkout), and released, as the
+// tagged commit holds it.
+type goMods struct{ dev, released []byte }
+
+// releaseGoMods returns each module's go.mods at the release, given the
+// go.mod files setVersions changed.
+func releaseGoMods(mods []*Module, changed map[*Module][]byte) (map[*Module]goMods, error) {
+	out := map[*Module]goMods{}
+	for _, m := range mods {
+		dev, ok := changed[m]
+		if !ok {
+			dev = m.Data
+		}
+		released, err := releasedGoMod(m, mods, dev)
+		if err != nil {
+			return nil, err
+		}
+		out[m] = goMods{dev, released}
+	}
+	return out, nil
 }
 
 // devCommit is the subject of the commit after the release's, which puts
