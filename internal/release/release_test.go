@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -505,30 +503,22 @@ func newConsumer(t *testing.T, proxy string) *consumer {
 	return c
 }
 
-// consumerModCache returns the consumer's module cache: one per checkout,
-// kept between runs so that the build cache, whose keys hold the module
-// cache's directory (GOFLAGS has no -trimpath), serves the next run, but
-// without any version of our own modules, which each run releases anew at
-// testVersion (a cached one would be used unread).
+// consumerModCache returns a module cache of the consumer's own: a shared
+// one could hold an earlier run's testVersion of our modules, and it would
+// be used unread. The go command leaves its module cache read-only (GOFLAGS
+// has no -modcacherw), so it is made writable again before the test's
+// directories are removed.
 func consumerModCache(t *testing.T) string {
 	t.Helper()
-	base, err := os.UserCacheDir()
-	if err != nil {
-		base = os.TempDir()
-	}
-	sum := sha256.Sum256([]byte(repoRoot(t)))
-	mc := filepath.Join(base, "idempotency-release-test", hex.EncodeToString(sum[:6]), "mod")
-	for _, p := range []string{filepath.Join(mc, "github.com", "gcp-pubsub-idempotency"), filepath.Join(mc, "cache", "download", "github.com", "gcp-pubsub-idempotency")} {
-		filepath.WalkDir(p, func(p string, d os.DirEntry, err error) error {
+	mc := t.TempDir()
+	t.Cleanup(func() {
+		filepath.WalkDir(mc, func(p string, d os.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
-				os.Chmod(p, 0o755) // the go command leaves its module cache read-only
+				os.Chmod(p, 0o755)
 			}
 			return nil
 		})
-		if err := os.RemoveAll(p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	})
 	return mc
 }
 
