@@ -44,7 +44,7 @@ func ExampleLockTx() {
 		switch {
 		case err == nil:
 			fmt.Printf("delivery %d: committed, ack\n", delivery)
-		case errors.Is(err, idempotency.ErrDuplicate):
+		case idempotency.IsOwnDuplicate(err, "orders:PO-1001"): // not errors.Is: see ErrDuplicate
 			fmt.Printf("delivery %d: duplicate, ack\n", delivery)
 		default:
 			fmt.Printf("delivery %d: %v, nack\n", delivery, err)

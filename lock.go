@@ -17,11 +17,12 @@ import (
 // its ttl: the body did not run. A message handler should ack it. The error
 // is a *[DuplicateError], which names the key.
 //
-// errors.Is(err, ErrDuplicate) also holds for a body's error that wraps a
-// nested Lock's duplicate: that body ran and failed, and Lock released the
-// claim, so acking it would lose the message. Ack only Lock's own outcome:
-// see [IsOwnDuplicate]. [Idempotent] and [PushHandler] make that
-// distinction themselves.
+// The rule: decide to ack with IsOwnDuplicate(err, key); use
+// errors.Is(err, ErrDuplicate) only to classify an error (a log line, a
+// metric). errors.Is also holds for a body's error that wraps a nested
+// Lock's duplicate: that body ran and failed, and Lock released the claim,
+// so acking it would lose the message. [Idempotent] and [PushHandler] make
+// that distinction themselves.
 var ErrDuplicate = errors.New("idempotency: duplicate")
 
 // DuplicateError is the error Lock returns for a key completed within its
@@ -152,8 +153,9 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 //     *InProgressError (errors.Is ErrInProgress).
 //   - fn returns an error: the claim is released (the key can be claimed at
 //     once) and Lock returns fn's error unchanged, even when it wraps
-//     ErrDuplicate or ErrInProgress (a nested Lock's outcome): test with
-//     [IsOwnDuplicate], not errors.Is, before acking a duplicate.
+//     ErrDuplicate or ErrInProgress (a nested Lock's outcome): ack a
+//     duplicate only when [IsOwnDuplicate](err, key) (the rule of
+//     [ErrDuplicate]), not on errors.Is.
 //   - fn panics: the claim is released and the panic continues.
 //   - fn returns nil: Lock completes the key and returns nil. A failed
 //     Complete is tried again until the settle timeout. If it still

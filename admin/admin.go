@@ -203,16 +203,25 @@ func Release(ctx context.Context, b store.Operator, key string) (Change, error) 
 //
 // It refuses, changing nothing, with an error wrapping [ErrNotFound] when
 // key has no record, [ErrNotDone] when the record is Claimed (a claim is
-// never forgotten: [Release] it), and [ErrChanged] when the record changed
-// between the read and the delete.
+// never forgotten: a free one, released or lapsed, needs nothing, since
+// its next delivery runs the work; a held one can be freed with
+// [Release]), and [ErrChanged] when the record changed between the read
+// and the delete.
 func Forget(ctx context.Context, b store.Operator, key string) (Change, error) {
 	before, err := Get(ctx, b, key)
 	if err != nil {
 		return Change{}, err
 	}
 	ch := Change{Before: before}
-	if before.State != store.Done {
-		return ch, fmt.Errorf("%w: %q is %v; release a claim instead", ErrNotDone, key, before.State)
+	switch {
+	case before.State == store.Claimed && before.Reclaimable():
+		// Not "release it": a released claim is one of these, and the
+		// advice would loop.
+		return ch, fmt.Errorf("%w: %q is claimed but free (released, or its lease lapsed): its next delivery runs the work already; nothing to forget", ErrNotDone, key)
+	case before.State == store.Claimed:
+		return ch, fmt.Errorf("%w: %q is claimed with a live lease: a delivery is running the work, which runs again only if it fails; if its holder is gone, release the key instead", ErrNotDone, key)
+	case before.State != store.Done:
+		return ch, fmt.Errorf("%w: %q is %v", ErrNotDone, key, before.State)
 	}
 	ok, err := b.Forget(ctx, before)
 	if err != nil {

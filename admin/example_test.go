@@ -120,7 +120,7 @@ func ExampleForget() {
 	// Output:
 	// <nil> done true
 	// won
-	// admin: the record is not done: "orders:PO-1" is claimed; release a claim instead
+	// admin: the record is not done: "orders:PO-1" is claimed with a live lease: a delivery is running the work, which runs again only if it fails; if its holder is gone, release the key instead
 }
 
 // A replay after a fix: forget the orders completed while the bad version

@@ -3,11 +3,15 @@ package e2e
 // The docs promise that every command they show works. These tests read
 // README.md and docs/*.md and check each command in a shell code block
 // (info string sh, bash, shell or console), and each `gcloud ...` or
-// `make ...` in inline code, in one of four ways:
+// `make ...` in inline code, in one of five ways:
 //
 //   - go get: run in a scratch module that replaces every module of this
 //     checkout (GOWORK=off, GOFLAGS=-mod=mod), then a program importing
 //     what was got is built there;
+//   - go install, go mod tidy, go build ./...: only in the README's Install
+//     and Quickstart sections, which internal/release's
+//     TestReleaseIsUsableFromAModuleProxy runs as written against a release
+//     served from a module proxy on disk;
 //   - go test: the package patterns must resolve and the -run / -bench
 //     patterns must select at least one test, benchmark or fuzz target in
 //     them (CI runs every test of every module: make test);
@@ -34,6 +38,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -337,12 +342,70 @@ func (c *commandChecker) check(t *testing.T, cmd docCommand) error {
 		return c.goGet(t, env, words[2:])
 	case words[0] == "go" && len(words) > 1 && words[1] == "test" && !cmd.inline:
 		return c.goTestSelects(env, words[2:])
+	case words[0] == "go" && len(words) > 1 && (words[1] == "install" || words[1] == "build" || words[1] == "mod") && !cmd.inline:
+		return c.releaseRuns(env, words[1:], cmd.where)
 	case words[0] == "make":
 		return c.makeCommand(t, env, words[1:])
 	case words[0] == "gcloud":
 		return c.gcloudCommand(t, words[1:])
 	}
 	return fmt.Errorf("no check knows this command: teach e2e/docs_test.go how to run or verify it, or leave it out of the docs")
+}
+
+// releaseRuns accepts `go install`, `go mod tidy` and `go build` in the
+// README's Install and Quickstart sections, which internal/release's
+// TestReleaseIsUsableFromAModuleProxy runs as written in a user's module,
+// from a release served by a module proxy on disk (make test runs it): it
+// checks that the command is in one of those sections and that the test
+// still reads them; a `go install` must name a command of this repository
+// at a version.
+func (c *commandChecker) releaseRuns(env, args []string, where string) error {
+	file, line, _ := strings.Cut(where, ":")
+	n, err := strconv.Atoi(line)
+	if file != "README.md" || err != nil || len(env) > 0 {
+		return fmt.Errorf("go %s: checked only in README.md's Install and Quickstart sections, with no environment", strings.Join(args, " "))
+	}
+	readme, err := os.ReadFile(filepath.Join(c.root, "README.md"))
+	if err != nil {
+		return err
+	}
+	section := ""
+	for i, l := range strings.Split(string(readme), "\n") {
+		if i+1 >= n {
+			break
+		}
+		if strings.HasPrefix(l, "## ") {
+			section = l
+		}
+	}
+	if section != "## Install" && section != "## Quickstart" {
+		return fmt.Errorf("go %s under %q: only the Install and Quickstart sections are run by TestReleaseIsUsableFromAModuleProxy", strings.Join(args, " "), section)
+	}
+	test, err := os.ReadFile(filepath.Join(c.root, "internal", "release", "release_test.go"))
+	if err != nil {
+		return err
+	}
+	for _, want := range []string{"func TestReleaseIsUsableFromAModuleProxy(", `readmeGoCommands(t, readme, "` + section + `")`} {
+		if !strings.Contains(string(test), want) {
+			return fmt.Errorf("internal/release/release_test.go no longer has %s: nothing runs this command", want)
+		}
+	}
+	switch {
+	case args[0] == "mod" && len(args) == 2 && args[1] == "tidy", args[0] == "build" && len(args) == 2 && args[1] == "./...":
+		return nil
+	case args[0] == "install" && len(args) == 2:
+		pkg, version, ok := strings.Cut(args[1], "@")
+		rel, inRepo := strings.CutPrefix(pkg, "github.com/gcp-pubsub-idempotency/idempotency/")
+		if !ok || version == "" || !inRepo {
+			return fmt.Errorf("go install %s: want a command of this repository at a version", args[1])
+		}
+		src, err := os.ReadFile(filepath.Join(c.root, filepath.FromSlash(rel), "main.go"))
+		if err != nil || !strings.Contains(string(src), "\npackage main\n") {
+			return fmt.Errorf("go install %s: %s is not a command of this repository", args[1], rel)
+		}
+		return nil
+	}
+	return fmt.Errorf("go %s: not a command TestReleaseIsUsableFromAModuleProxy is known to run as written", strings.Join(args, " "))
 }
 
 // goGet runs `go get args...` in a scratch module whose go.mod replaces

@@ -150,6 +150,11 @@ type Page struct {
 	// Next continues the listing (ListQuery.Cursor); empty when the
 	// listing is complete.
 	Next string
+	// Skipped counts the keys under the prefix that this call read and
+	// skipped because they hold something other than a record: in a store
+	// whose keyspace others share (Redis), another application's keys.
+	// Zero for a backend whose records have a place of their own.
+	Skipped int
 }
 
 // Lister is implemented by backends that can list their records by key

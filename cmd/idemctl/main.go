@@ -20,7 +20,11 @@
 // Every command takes --store URL (default $IDEMCTL_STORE), --json (one
 // JSON document on stdout), --ttl (the ttl your service's backend uses,
 // default 1h) and --timeout; `idemctl <command> --help` describes its own
-// flags. The store URLs are those of [storeHelp].
+// flags. The store URLs are those of [storeHelp], parsed strictly (a ';'
+// in the query, an unknown, repeated or empty option, a '#', or a SQLite
+// path that SQLite would read as a URI is a usage error). Text output
+// shows a key as it is only when it is printable ASCII without spaces,
+// '"' or '\'; any other key Go-quoted ([keyHelp]).
 //
 // Exit codes:
 //
@@ -28,7 +32,8 @@
 //	1  the operation failed or was refused (the store's error, a record
 //	   that is not in the state the command acts on, a record that changed
 //	   since it was read, a forget --prefix without --yes)
-//	2  usage error: unknown command or flag, missing key, invalid --store
+//	2  usage error: unknown command or flag, a bad flag value (--timeout
+//	   must be positive), missing key, invalid --store
 //	3  not found: get, release or forget of a key that has no record
 //
 // The commands are built on the admin package
@@ -43,9 +48,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/admin"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -116,6 +126,9 @@ type cli struct {
 	stdout, stderr io.Writer
 	o              opts
 	b              store.Operator
+	// where is the opened store (its where and option), for the hint
+	// of a key with no record.
+	where backend
 }
 
 var commands = []command{
@@ -129,11 +142,11 @@ var commands = []command{
 		fs.StringVar(&o.prefix, "prefix", "", "count keys that start with `P`")
 	}, run: (*cli).count},
 	{name: "release", args: "KEY", key: true, help: "Releases KEY's claim now, live or lapsed, whoever holds it: the next delivery wins the key at\nonce with a higher fence, and the old holder can no longer complete it. It reads the record,\nreleases exactly that record, and prints it before and after. It refuses a done key (exit 1)\nand a record that changed since the read (exit 1).", run: (*cli).release},
-	{name: "forget", args: "KEY | --prefix P (--dry-run | --yes)", key: true, optionalKey: true, help: "Deletes KEY's done record before its ttl ends, so that the next delivery of KEY runs the work\nagain (a replay after a fix). It reads the record, deletes exactly that record, and prints it\nbefore and after. It never deletes a claim (exit 1: release it), nor a record that changed\nsince the read (exit 1).\n\nWith --prefix (or --all) instead of KEY it plans to forget every done record under the\nprefix completed in the window --done-from..--done-before, prints the plan, and forgets the\nrecords one by one only with --yes (with --dry-run it stops at the plan). A record's\ncompletion time is its expires-at minus --ttl: give the ttl your service uses.", flags: func(fs *flag.FlagSet, o *opts) {
+	{name: "forget", args: "KEY | --prefix P (--dry-run | --yes)", key: true, optionalKey: true, help: "Deletes KEY's done record before its ttl ends, so that the next delivery of KEY runs the work\nagain (a replay after a fix). It reads the record, deletes exactly that record, and prints it\nbefore and after. It never deletes a claim (exit 1: a free one needs nothing, its next delivery\nruns the work), nor a record that changed since the read (exit 1).\n\nWith --prefix (or --all) instead of KEY it plans to forget every done record under the\nprefix completed in the window --done-from..--done-before, prints the plan, and forgets the\nrecords one by one only with --yes (with --dry-run it stops at the plan). A record's\ncompletion time is its expires-at minus --ttl: give the ttl your service uses.", flags: func(fs *flag.FlagSet, o *opts) {
 		fs.StringVar(&o.prefix, "prefix", "", "forget the done keys that start with `P`")
 		fs.BoolVar(&o.all, "all", false, "forget done keys whatever their prefix (instead of --prefix)")
-		fs.StringVar(&o.doneFrom, "done-from", "", "forget keys completed at or after `T` (RFC 3339)")
-		fs.StringVar(&o.doneBefore, "done-before", "", "forget keys completed before `T` (RFC 3339)")
+		fs.StringVar(&o.doneFrom, "done-from", "", "forget keys completed at or after `T` (RFC 3339, or a date: midnight UTC)")
+		fs.StringVar(&o.doneBefore, "done-before", "", "forget keys completed before `T` (RFC 3339, or a date: midnight UTC)")
 		fs.BoolVar(&o.yes, "yes", false, "forget the planned records")
 		fs.BoolVar(&o.dryRun, "dry-run", false, "print the plan and forget nothing")
 	}, run: (*cli).forget},
@@ -175,19 +188,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if cmd.flags != nil {
 		cmd.flags(fs, &c.o)
 	}
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: idemctl %s [flags] %s\n\n%s\n\nFlags:\n", cmd.name, cmd.args, cmd.help)
-		fs.PrintDefaults()
-		fmt.Fprintf(fs.Output(), "\n%s\n\nExit codes: 0 done; 1 failed or refused; 2 usage error; 3 no record for the key.\n", storeHelp)
-	}
+	// The flag package prints nothing: --help prints the usage once, on
+	// stdout, and a bad flag its error and a one-line hint, on stderr.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	pos, err := parse(fs, args[1:])
 	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(stdout, "Usage: idemctl %s [flags] %s\n\n%s\n\nFlags:\n", cmd.name, cmd.args, cmd.help)
 		fs.SetOutput(stdout)
-		fs.Usage()
+		fs.PrintDefaults()
+		fmt.Fprintf(stdout, "\n%s\n\n%s\n\nExit codes: 0 done; 1 failed or refused; 2 usage error; 3 no record for the key.\n", storeHelp, keyHelp)
 		return exitOK
 	}
 	if err != nil {
-		return exitUsage // the flag package printed the error and the usage
+		return c.usageError(fs, "%v", err)
 	}
 	var key string
 	switch {
@@ -207,22 +221,84 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if c.o.ttl <= 0 {
 		return c.usageError(fs, "--ttl %v is not positive", c.o.ttl)
 	}
+	if c.o.timeout <= 0 {
+		return c.usageError(fs, "--timeout %v is not positive (it bounds the whole command)", c.o.timeout)
+	}
 	if code, ok := c.check(fs, cmd.name, key); !ok {
 		return code
 	}
+	return c.runTimed(ctx, fs, cmd, key, open)
+}
+
+// timeoutGrace is how long past --timeout a command may take to return
+// after its context ended (a driver that notices the deadline late)
+// before idemctl reports the timeout without it.
+const timeoutGrace = 250 * time.Millisecond
+
+// runTimed opens the store and runs cmd on key within --timeout: the
+// context ends then, and if the store's client does not return soon after
+// (timeoutGrace), the command is abandoned and reported as timed out.
+// What the abandoned command would print later is dropped.
+func (c *cli) runTimed(ctx context.Context, fs *flag.FlagSet, cmd *command, key string, open opener) int {
 	ctx, cancel := context.WithTimeout(ctx, c.o.timeout)
 	defer cancel()
 	c.ctx = ctx
-	b, err := open(ctx, c.o.store, c.o.ttl)
-	if errors.Is(err, errStoreURL) {
-		return c.usageError(fs, "%v", err)
+	stdout, stderr := &gate{w: c.stdout}, &gate{w: c.stderr}
+	c.stdout, c.stderr = stdout, stderr
+	done := make(chan int, 1)
+	go func() {
+		b, err := open(ctx, c.o.store, c.o.ttl)
+		if errors.Is(err, errStoreURL) {
+			done <- c.usageError(fs, "%v", err)
+			return
+		}
+		if err != nil {
+			done <- c.storeFail(fmt.Errorf("opening the store: %w", err), nil)
+			return
+		}
+		defer b.close()
+		c.b, c.where = b.op, b
+		done <- cmd.run(c, key)
+	}()
+	select {
+	case code := <-done:
+		return code
+	case <-ctx.Done():
 	}
-	if err != nil {
-		return c.fail(exitFailed, fmt.Errorf("opening the store: %w", err), nil)
+	select {
+	case code := <-done:
+		return code
+	case <-time.After(timeoutGrace):
 	}
-	defer b.close()
-	c.b = b.op
-	return cmd.run(c, key)
+	stdout.close()
+	stderr.close()
+	// A cli of its own: the abandoned command still uses c.
+	report := &cli{stdout: stdout.w, stderr: stderr.w, o: c.o}
+	return report.fail(exitFailed, fmt.Errorf("%s: no answer within --timeout %v; check that the server is up and reachable from here, or raise --timeout", describeStore(c.o.store), c.o.timeout), nil)
+}
+
+// gate is a writer that can be closed: writes after close are dropped,
+// so that a command abandoned at its timeout cannot print past the
+// report of it.
+type gate struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (g *gate) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return len(p), nil
+	}
+	return g.w.Write(p)
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 // parse parses args with fs, flags and positional arguments in any order
@@ -289,7 +365,7 @@ func (c *cli) usageError(fs *flag.FlagSet, format string, args ...any) int {
 // fail reports err and returns code: on stderr, and with --json as the
 // document {"error": ..., "exit": code, ...extra} on stdout.
 func (c *cli) fail(code int, err error, extra map[string]any) int {
-	fmt.Fprintf(c.stderr, "idemctl: %v\n", err)
+	fmt.Fprintf(c.stderr, "idemctl: %s\n", safeText(err.Error()))
 	if c.o.json {
 		doc := map[string]any{"error": err.Error(), "exit": code}
 		for k, v := range extra {
@@ -300,10 +376,29 @@ func (c *cli) fail(code int, err error, extra map[string]any) int {
 	return code
 }
 
-// failOp maps an admin error to its exit code and reports it.
+// failOp maps an admin error to its exit code and reports it; for a key
+// with no record it adds where idemctl looked.
 func (c *cli) failOp(err error, extra map[string]any) int {
 	if errors.Is(err, admin.ErrNotFound) {
-		return c.fail(exitNotFound, err, extra)
+		code := c.fail(exitNotFound, err, extra)
+		fmt.Fprintf(c.stderr, "idemctl: looked under %s; if your service sets another, give it in --store (%s)\n", safeText(c.where.where), c.where.option)
+		return code
+	}
+	return c.storeFail(err, extra)
+}
+
+// storeFail reports err, exit 1. An error of the connection to the store
+// (its server down, unreachable, or slower than --timeout) is reported in
+// one line with what to check, not as the drivers' chain of wrapped
+// messages.
+func (c *cli) storeFail(err error, extra map[string]any) int {
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		err = fmt.Errorf("%s: no answer within --timeout %v; check that the server is up and reachable from here, or raise --timeout", describeStore(c.o.store), c.o.timeout)
+	case errors.As(err, &oe):
+		err = fmt.Errorf("%s: cannot reach the server (%v); check that it is up and that --store names its host and port", describeStore(c.o.store), oe)
 	}
 	return c.fail(exitFailed, err, extra)
 }
@@ -363,27 +458,98 @@ func (c *cli) jsonRecordPtr(r *store.Record) *jsonRecord {
 	return &j
 }
 
+// The states of a record in text output. A Claimed record whose lease has
+// ended is free: the next delivery runs the work. The store keeps no
+// reason with it, so it reads the same whether its claim was released (by
+// a body that failed, or by idemctl release) or its holder died or hung
+// until the lease lapsed; get tells what to do with it.
+const (
+	stateHeld        = "claimed, held"
+	stateFree        = "claimed, free (released or lapsed)"
+	stateDone        = "done, within ttl"
+	stateDoneExpired = "done, ttl ended"
+)
+
 // status describes r's state in words.
 func status(r store.Record) string {
 	switch {
 	case r.State == store.Claimed && !r.Reclaimable():
-		return "claimed, lease live"
+		return stateHeld
 	case r.State == store.Claimed:
-		return "claimed, lease lapsed"
+		return stateFree
 	case r.State == store.Done && !r.Reclaimable():
-		return "done, within ttl"
+		return stateDone
 	case r.State == store.Done:
-		return "done, ttl ended"
+		return stateDoneExpired
 	}
 	return r.State.String()
 }
 
+// advice is what the operator may do about r, for get.
+func advice(r store.Record) string {
+	switch status(r) {
+	case stateHeld:
+		return "a delivery holds the key (its lease is live): its work is running, or its holder hung. If the holder is gone, `idemctl release` frees the key now; otherwise wait for the lease."
+	case stateFree:
+		return "the next delivery wins the key and runs the work. The claim was released (its body failed, or an operator released it) or its holder's lease lapsed (it died or hung): the store records no reason. Nothing to release or forget."
+	case stateDone:
+		return "the work is done: deliveries of the key are acknowledged without running it until its ttl ends. `idemctl forget` lets the next delivery run it again."
+	case stateDoneExpired:
+		return "the work was done, but the ttl has ended: the next delivery runs it again (purge deletes the record)."
+	}
+	return ""
+}
+
+// keyHelp says how text output shows keys, for the usage text.
+const keyHelp = `Keys in text output: a key of printable ASCII without spaces, '"' or '\'
+is shown as it is; any other key is shown Go-quoted ("orders:\x1b[2K\r..."),
+so that no byte of a key reaches the terminal raw. --json prints every key
+as a JSON string.`
+
+// showKey renders key for text output: as it is when every byte is
+// printable ASCII other than space, '"' and '\'; otherwise quoted by
+// strconv.Quote, which escapes every byte that could move the cursor or
+// start a line. A shown key starts with '"' exactly when it is quoted.
+func showKey(key string) string {
+	if key == "" {
+		return `""`
+	}
+	for i := 0; i < len(key); i++ {
+		if b := key[i]; b <= ' ' || b >= 0x7f || b == '"' || b == '\\' {
+			return strconv.Quote(key)
+		}
+	}
+	return key
+}
+
+// safeText returns s with every rune that is not printable (strconv.IsPrint)
+// escaped as in a Go string, for messages that may quote a store's error.
+func safeText(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r != ' ' && !strconv.IsPrint(r) }) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == ' ' || (r != utf8.RuneError && strconv.IsPrint(r)) {
+			b.WriteRune(r)
+			continue
+		}
+		q := strconv.QuoteRune(r)
+		b.WriteString(q[1 : len(q)-1])
+	}
+	return b.String()
+}
+
 // line is r on one line, for lists and before/after.
 func (c *cli) line(r store.Record) string {
-	s := fmt.Sprintf("%s  %s  fence %d", r.Key, status(r), r.Fence)
+	s := fmt.Sprintf("%s  %s  fence %d", showKey(r.Key), status(r), r.Fence)
 	switch r.State {
 	case store.Claimed:
-		s += "  lease until " + rfc3339(r.LeaseExpiry)
+		if r.Reclaimable() {
+			s += "  lease ended " + rfc3339(r.LeaseExpiry)
+		} else {
+			s += "  lease until " + rfc3339(r.LeaseExpiry)
+		}
 	case store.Done:
 		s += "  done at " + rfc3339(admin.DoneAt(r, c.o.ttl))
 	}
@@ -400,7 +566,7 @@ func (c *cli) get(key string) int {
 		return exitOK
 	}
 	w := tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "key\t%s\n", r.Key)
+	fmt.Fprintf(w, "key\t%s\n", showKey(r.Key))
 	fmt.Fprintf(w, "state\t%s\n", status(r))
 	fmt.Fprintf(w, "fence\t%d\n", r.Fence)
 	if r.State == store.Claimed {
@@ -415,6 +581,7 @@ func (c *cli) get(key string) int {
 	fmt.Fprintf(w, "version\t%s\n", r.Version)
 	fmt.Fprintf(w, "read at\t%s\n", rfc3339(r.Now))
 	w.Flush()
+	fmt.Fprintf(c.stdout, "\n%s\n", advice(r))
 	return exitOK
 }
 
@@ -431,14 +598,36 @@ func parseState(s string) (store.State, error) {
 	return 0, fmt.Errorf("--state %q: claimed or done", s)
 }
 
+// skipCounter is a store.Lister that counts the keys its pages skipped
+// (store.Page.Skipped).
+type skipCounter struct {
+	store.Lister
+	skipped int
+}
+
+func (s *skipCounter) List(ctx context.Context, q store.ListQuery) (store.Page, error) {
+	p, err := s.Lister.List(ctx, q)
+	s.skipped += p.Skipped
+	return p, err
+}
+
+// noteSkipped tells, in text output, that a listing skipped n keys under
+// the prefix that are not records.
+func (c *cli) noteSkipped(n int) {
+	if n > 0 && !c.o.json {
+		fmt.Fprintf(c.stdout, "(skipped %d keys under the prefix that hold no idempotency record: another application's keys?)\n", n)
+	}
+}
+
 func (c *cli) list(string) int {
 	st, _ := parseState(c.o.state)
 	recs := []jsonRecord{}
 	more := false
 	n := 0
-	for r, err := range admin.List(c.ctx, c.b, store.ListQuery{Prefix: c.o.prefix, State: st, Limit: store.MaxListLimit}) {
+	lister := &skipCounter{Lister: c.b}
+	for r, err := range admin.List(c.ctx, lister, store.ListQuery{Prefix: c.o.prefix, State: st, Limit: store.MaxListLimit}) {
 		if err != nil {
-			return c.fail(exitFailed, err, nil)
+			return c.storeFail(err, nil)
 		}
 		if c.o.limit > 0 && n == c.o.limit {
 			more = true
@@ -452,33 +641,39 @@ func (c *cli) list(string) int {
 		}
 	}
 	if c.o.json {
-		c.emit(map[string]any{"records": recs, "more": more})
-	} else if more {
+		c.emit(map[string]any{"records": recs, "more": more, "foreign_keys": lister.skipped})
+		return exitOK
+	}
+	if more {
 		fmt.Fprintf(c.stdout, "(stopped at --limit %d: more records follow)\n", c.o.limit)
 	}
+	c.noteSkipped(lister.skipped)
 	return exitOK
 }
 
 func (c *cli) count(string) int {
-	n, err := admin.Count(c.ctx, c.b, c.o.prefix)
+	lister := &skipCounter{Lister: c.b}
+	n, err := admin.Count(c.ctx, lister, c.o.prefix)
 	if err != nil {
-		return c.fail(exitFailed, err, nil)
+		return c.storeFail(err, nil)
 	}
 	if c.o.json {
 		c.emit(map[string]any{
 			"prefix": c.o.prefix, "claimed_live": n.ClaimedLive, "claimed_lapsed": n.ClaimedLapsed,
 			"done_live": n.DoneLive, "done_expired": n.DoneExpired, "total": n.Total(),
+			"foreign_keys": lister.skipped,
 		})
 		return exitOK
 	}
+	defer c.noteSkipped(lister.skipped)
 	for _, row := range []struct {
 		name string
 		n    int
 	}{
-		{"claimed, lease live", n.ClaimedLive}, {"claimed, lease lapsed", n.ClaimedLapsed},
-		{"done, within ttl", n.DoneLive}, {"done, ttl ended", n.DoneExpired}, {"total", n.Total()},
+		{stateHeld, n.ClaimedLive}, {stateFree, n.ClaimedLapsed},
+		{stateDone, n.DoneLive}, {stateDoneExpired, n.DoneExpired}, {"total", n.Total()},
 	} {
-		fmt.Fprintf(c.stdout, "%-22s %6d\n", row.name, row.n)
+		fmt.Fprintf(c.stdout, "%-36s %6d\n", row.name, row.n)
 	}
 	return exitOK
 }
@@ -506,7 +701,7 @@ func (c *cli) change(action string, ch admin.Change, err error) int {
 		fmt.Fprintf(c.stdout, "after:  no record\n")
 	}
 	past := map[string]string{"release": "released", "forget": "forgot"}[action]
-	fmt.Fprintf(c.stdout, "%s %s\n", past, ch.Before.Key)
+	fmt.Fprintf(c.stdout, "%s %s\n", past, showKey(ch.Before.Key))
 	return exitOK
 }
 
@@ -519,15 +714,11 @@ func (c *cli) release(key string) int {
 func (c *cli) filter() (admin.Filter, error) {
 	f := admin.Filter{Prefix: c.o.prefix, All: c.o.all, TTL: c.o.ttl}
 	var err error
-	if c.o.doneFrom != "" {
-		if f.DoneFrom, err = time.Parse(time.RFC3339Nano, c.o.doneFrom); err != nil {
-			return f, fmt.Errorf("--done-from: %w", err)
-		}
+	if f.DoneFrom, err = parseTime("--done-from", c.o.doneFrom); err != nil {
+		return f, err
 	}
-	if c.o.doneBefore != "" {
-		if f.DoneBefore, err = time.Parse(time.RFC3339Nano, c.o.doneBefore); err != nil {
-			return f, fmt.Errorf("--done-before: %w", err)
-		}
+	if f.DoneBefore, err = parseTime("--done-before", c.o.doneBefore); err != nil {
+		return f, err
 	}
 	if !f.DoneFrom.IsZero() && !f.DoneBefore.IsZero() && !f.DoneFrom.Before(f.DoneBefore) {
 		return f, errors.New("--done-from must be before --done-before")
@@ -544,7 +735,7 @@ func (c *cli) forget(key string) int {
 	apply := c.o.yes
 	rep, err := admin.ForgetDone(c.ctx, c.b, f, !apply)
 	if err != nil && rep.Plan == nil {
-		return c.fail(exitFailed, err, nil)
+		return c.storeFail(err, nil)
 	}
 	keys := func(rs []store.Record) []string {
 		out := []string{}
@@ -564,7 +755,7 @@ func (c *cli) forget(key string) int {
 	}
 	doc["plan"] = plan
 	if !c.o.json {
-		where := fmt.Sprintf("under %q", f.Prefix)
+		where := "under " + strconv.Quote(f.Prefix)
 		if f.All {
 			where = "under every prefix"
 		}
@@ -575,7 +766,7 @@ func (c *cli) forget(key string) int {
 	}
 	switch {
 	case err != nil:
-		return c.fail(exitFailed, err, doc)
+		return c.storeFail(err, doc)
 	case !apply && !c.o.dryRun:
 		return c.fail(exitFailed, fmt.Errorf("nothing forgotten: pass --yes to forget the %d records planned (or --dry-run)", len(rep.Plan)), doc)
 	case !apply:
@@ -591,10 +782,25 @@ func (c *cli) forget(key string) int {
 	} else {
 		fmt.Fprintf(c.stdout, "forgot %d, skipped %d (changed since the plan read them)\n", len(rep.Forgotten), len(rep.Skipped))
 		for _, r := range rep.Skipped {
-			fmt.Fprintf(c.stdout, "  skipped %s\n", r.Key)
+			fmt.Fprintf(c.stdout, "  skipped %s\n", showKey(r.Key))
 		}
 	}
 	return exitOK
+}
+
+// parseTime parses the value v of flag name: an RFC 3339 time, or a date
+// alone (midnight UTC); "" is the zero time.
+func parseTime(name, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.DateOnly, v); err == nil {
+		return t, nil
+	}
+	return time.Time{}, fmt.Errorf("%s %q: want an RFC 3339 time (2026-12-03T14:00:00Z, 2026-12-03T15:00:00+01:00) or a date (2026-12-03, midnight UTC)", name, v)
 }
 
 // window describes f's completion window.
@@ -613,7 +819,7 @@ func window(f admin.Filter) string {
 func (c *cli) purge(string) int {
 	n, err := admin.Purge(c.ctx, c.b, c.o.limit)
 	if err != nil {
-		return c.fail(exitFailed, err, map[string]any{"purged": n})
+		return c.storeFail(err, map[string]any{"purged": n})
 	}
 	if c.o.json {
 		c.emit(map[string]any{"purged": n})

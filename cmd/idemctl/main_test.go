@@ -246,7 +246,7 @@ func TestRelease(t *testing.T) {
 	}
 
 	r = idemctl(t, open, "release", "--store=fake://", "orders:4")
-	if r.code != exitOK || !strings.Contains(r.stdout, "before: orders:4  claimed, lease lapsed  fence 1") || !strings.Contains(r.stdout, "after:  orders:4  claimed, lease lapsed  fence 2") {
+	if r.code != exitOK || !strings.Contains(r.stdout, "before: orders:4  claimed, free (released or lapsed)  fence 1") || !strings.Contains(r.stdout, "after:  orders:4  claimed, free (released or lapsed)  fence 2") {
 		t.Errorf("release text = %d:\n%s", r.code, r.stdout)
 	}
 

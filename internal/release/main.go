@@ -165,14 +165,25 @@ func run(args []string, stdout, stderr io.Writer) error {
 			tagList = append(tagList, m.Tag(v))
 		}
 	}
+	gomods, err := releaseGoMods(mods, changed)
+	if err != nil {
+		return err
+	}
 	if *dryRun {
-		if err := printDiff(stdout, root, changed, newCL); err != nil {
+		shown := map[*Module][]byte{}
+		for m, g := range gomods {
+			if !bytes.Equal(g.released, m.Data) {
+				shown[m] = g.released
+			}
+		}
+		if err := printDiff(stdout, root, shown, newCL); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "\ndry run: would commit %q and create these tags on it, in this order:\n", "release: "+v)
+		fmt.Fprintf(stdout, "\ndry run: would commit %q (every released go.mod without its replace directives) and create these tags on it, in this order:\n", "release: "+v)
 		for _, t := range tagList {
 			fmt.Fprintf(stdout, "  %s\n", t)
 		}
+		fmt.Fprintf(stdout, "then commit %q (the replace directives back, for development)\n", devCommit(v))
 		printPush(stdout, root, *remote, levels, v)
 		return nil
 	}
@@ -192,27 +203,90 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("scripts/tidy.sh after setting the versions: %v (the edits are left uncommitted; `git checkout -- .` undoes them)", err)
 		}
 	}
+	// The release commit: every released go.mod without the replace
+	// directives to this checkout, which `go install MODULE/cmd@VERSION`
+	// refuses (and a consumer ignores anyway). The next commit puts them
+	// back for development with GOWORK=off (scripts/tidy.sh).
 	files := []string{"CHANGELOG.md"}
-	for m := range changed {
-		files = append(files, filepath.ToSlash(filepath.Join(m.Dir, "go.mod")))
+	dev := map[string][]byte{}
+	for _, m := range mods {
+		rel := filepath.ToSlash(filepath.Join(m.Dir, "go.mod"))
+		g := gomods[m]
+		if !bytes.Equal(g.released, g.dev) {
+			dev[rel] = g.dev
+			if err := os.WriteFile(filepath.Join(root, m.Dir, "go.mod"), g.released, 0o644); err != nil {
+				return err
+			}
+		}
+		if !bytes.Equal(g.released, m.Data) {
+			files = append(files, rel)
+		}
 	}
 	if _, err := git(root, append([]string{"add", "--"}, files...)...); err != nil {
 		return err
 	}
-	if _, err := git(root, "commit", "-q", "-m", "release: "+v, "-m", "Every module of the set at "+v+" (go run ./internal/release)."); err != nil {
+	if _, err := git(root, "commit", "-q", "-m", "release: "+v, "-m", "Every module of the set at "+v+" (go run ./internal/release), with no replace directive in a released go.mod."); err != nil {
+		return err
+	}
+	release, err := git(root, "rev-parse", "HEAD")
+	if err != nil {
 		return err
 	}
 	for _, l := range levels {
 		for _, m := range l {
-			if _, err := git(root, "tag", "-a", m.Tag(v), "-m", m.Path+" "+v); err != nil {
+			if _, err := git(root, "tag", "-a", m.Tag(v), "-m", m.Path+" "+v, release); err != nil {
 				return err
 			}
 			fmt.Fprintf(stdout, "tagged %s\n", m.Tag(v))
 		}
 	}
+	if len(dev) > 0 {
+		var devFiles []string
+		for rel, data := range dev {
+			if err := os.WriteFile(filepath.Join(root, filepath.FromSlash(rel)), data, 0o644); err != nil {
+				return err
+			}
+			devFiles = append(devFiles, rel)
+		}
+		slices.Sort(devFiles)
+		if _, err := git(root, append([]string{"add", "--"}, devFiles...)...); err != nil {
+			return err
+		}
+		if _, err := git(root, "commit", "-q", "-m", devCommit(v), "-m", "The replace directives to this checkout, for builds with GOWORK=off (scripts/tidy.sh); the tags stay on the release commit, whose go.mod files have none."); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "committed %q after the tagged commit\n", devCommit(v))
+	}
 	printPush(stdout, root, *remote, levels, v)
 	return nil
 }
+
+// goMods is a module's go.mod at the release: dev, with the versions set
+// (and the replace directives to this checkout), and released, as the
+// tagged commit holds it.
+type goMods struct{ dev, released []byte }
+
+// releaseGoMods returns each module's go.mods at the release, given the
+// go.mod files setVersions changed.
+func releaseGoMods(mods []*Module, changed map[*Module][]byte) (map[*Module]goMods, error) {
+	out := map[*Module]goMods{}
+	for _, m := range mods {
+		dev, ok := changed[m]
+		if !ok {
+			dev = m.Data
+		}
+		released, err := releasedGoMod(m, mods, dev)
+		if err != nil {
+			return nil, err
+		}
+		out[m] = goMods{dev, released}
+	}
+	return out, nil
+}
+
+// devCommit is the subject of the commit after the release's, which puts
+// the replace directives back.
+func devCommit(v string) string { return "release: " + v + ", replace directives back for development" }
 
 // releaseChangelog renames the Unreleased section to v, dated, and opens a
 // new empty Unreleased section above it.

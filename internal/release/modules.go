@@ -222,6 +222,34 @@ func setVersions(mods []*Module, v string) (map[*Module][]byte, error) {
 	return changed, nil
 }
 
+// releasedGoMod returns data, m's go.mod, as the release commit holds it:
+// for a released module, without the replace directives of our modules
+// (the go command refuses `go install m/cmd@v` of a module whose go.mod
+// has a replace directive, and a consumer ignores them anyway). An
+// unreleased module keeps them.
+func releasedGoMod(m *Module, mods []*Module, data []byte) ([]byte, error) {
+	if !m.Released() {
+		return data, nil
+	}
+	f, err := modfile.Parse(filepath.Join(m.Dir, "go.mod"), data, nil)
+	if err != nil {
+		return nil, err
+	}
+	ours := pathsOf(mods)
+	for _, r := range slices.Clone(f.Replace) {
+		if slices.Contains(ours, r.Old.Path) {
+			if err := f.DropReplace(r.Old.Path, r.Old.Version); err != nil {
+				return nil, err
+			}
+		}
+	}
+	f.Cleanup()
+	if len(f.Replace) > 0 {
+		return nil, fmt.Errorf("%s/go.mod replaces %s: a released module cannot (go install refuses it)", m.Dir, f.Replace[0].Old.Path)
+	}
+	return f.Format()
+}
+
 // hasReplace reports whether f replaces every version of p.
 func hasReplace(f *modfile.File, p string) bool {
 	for _, r := range f.Replace {

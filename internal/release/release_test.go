@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -258,8 +259,12 @@ func TestReleaseIsUsableFromAModuleProxy(t *testing.T) {
 		t.Fatalf("release: %v\n%s", err, out)
 	}
 
-	// What the release did: one commit, the tags in order, nothing pushed.
-	if msg := gitT(t, dir, "log", "-1", "--format=%s"); msg != "release: "+testVersion {
+	// What the release did: the release commit, tagged, then the commit
+	// that puts the replace directives back; nothing pushed.
+	if msg := gitT(t, dir, "log", "-1", "--format=%s", "HEAD~1"); msg != "release: "+testVersion {
+		t.Errorf("the commit before the last is %q", msg)
+	}
+	if msg := gitT(t, dir, "log", "-1", "--format=%s"); msg != devCommit(testVersion) {
 		t.Errorf("last commit %q", msg)
 	}
 	if st := gitT(t, dir, "status", "--porcelain"); st != "" {
@@ -279,13 +284,18 @@ func TestReleaseIsUsableFromAModuleProxy(t *testing.T) {
 	if !bytes.Contains(cl, []byte("## [Unreleased]\n\n## ["+testVersion+"] - 2030-01-02\n")) {
 		t.Error("CHANGELOG.md: no release heading under Unreleased")
 	}
-	tagged := strings.Fields(gitT(t, dir, "tag", "--points-at", "HEAD"))
+	tagged := strings.Fields(gitT(t, dir, "tag", "--points-at", "HEAD~1"))
 	var released []*Module
 	for _, m := range mods {
 		if m.Released() {
 			released = append(released, m)
 			if !slices.Contains(tagged, m.Tag(testVersion)) {
 				t.Errorf("no tag %s", m.Tag(testVersion))
+			}
+			// go install MODULE/cmd@VERSION refuses a go.mod with a
+			// replace directive.
+			if mod := gitT(t, dir, "show", m.Tag(testVersion)+":"+path.Join(m.Dir, "go.mod")); strings.Contains(mod, "replace") {
+				t.Errorf("%s/go.mod at %s has a replace directive:\n%s", m.Dir, m.Tag(testVersion), mod)
 			}
 		}
 	}
@@ -305,10 +315,41 @@ func TestReleaseIsUsableFromAModuleProxy(t *testing.T) {
 		writeProxyVersion(t, proxy, dir, m, testVersion)
 	}
 
-	c := newConsumer(t, proxy, dir)
-	gets := readmeGoGets(t, filepath.Join(dir, "README.md"))
-	for _, args := range gets {
+	// The README's Install commands, exactly as written: the go get
+	// lines, and go install of idemctl.
+	c := newConsumer(t, proxy)
+	readme := filepath.Join(dir, "README.md")
+	install := readmeGoCommands(t, readme, "## Install")
+	var gets [][]string
+	installed := false
+	for _, args := range install {
 		c.goCmd(t, c.dir, args...)
+		switch args[0] {
+		case "get":
+			gets = append(gets, args)
+		case "install":
+			installed = installed || strings.Contains(strings.Join(args, " "), "/cmd/idemctl@")
+		}
+	}
+	if len(gets) == 0 || !installed {
+		t.Fatalf("README.md's Install section has no `go get` line or no `go install .../cmd/idemctl@VERSION` line: %q", install)
+	}
+	for _, args := range gets {
+		for _, a := range args[1:] {
+			if strings.HasPrefix(a, "-") || strings.Contains(a, "@") {
+				t.Fatalf("go get %v: a flag or a version; this test runs plain `go get PKG` lines", args[1:])
+			}
+		}
+	}
+	if out, err := exec.Command(filepath.Join(c.bin, "idemctl"), "help").CombinedOutput(); err != nil || !strings.Contains(string(out), "Usage:") {
+		t.Errorf("the installed idemctl help: %v\n%s", err, out)
+	}
+	// The example's commands, installed from the proxy.
+	for _, cmd := range []string{"local", "cloudrun"} {
+		c.goCmd(t, c.dir, "install", "github.com/gcp-pubsub-idempotency/idempotency/function_example/cmd/"+cmd+"@"+testVersion)
+		if _, err := os.Stat(filepath.Join(c.bin, cmd)); err != nil {
+			t.Errorf("go install of function_example/cmd/%s: %v", cmd, err)
+		}
 	}
 	gomod, _ := os.ReadFile(filepath.Join(c.dir, "go.mod"))
 	for _, args := range gets {
@@ -353,7 +394,14 @@ func sendToSupplier(context.Context, []byte) error { return nil }
 	if err := os.WriteFile(filepath.Join(c.dir, "reader.go"), []byte(stub), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.goCmd(t, c.dir, "build", "./...")
+	// Then the Quickstart's own commands, exactly as written.
+	quickCmds := readmeGoCommands(t, readme, "## Quickstart")
+	if !slices.ContainsFunc(quickCmds, func(a []string) bool { return a[0] == "build" }) {
+		t.Fatalf("README.md's Quickstart has no `go build` command: %q", quickCmds)
+	}
+	for _, args := range quickCmds {
+		c.goCmd(t, c.dir, args...)
+	}
 
 	// The deploy directory, at the release.
 	fn := filepath.Join(t.TempDir(), "function")
@@ -411,13 +459,18 @@ func writeProxyVersion(t *testing.T, proxy, dir string, m *Module, v string) {
 	}
 }
 
-// consumer is a scratch module of a user's, with its own module cache.
+// consumer is a scratch module of a user's, with its own module cache and
+// GOBIN.
 type consumer struct {
-	dir string
-	env []string
+	dir, bin string
+	env      []string
 }
 
-func newConsumer(t *testing.T, proxy, released string) *consumer {
+// newConsumer returns a user's empty module, whose go commands get our
+// modules from the proxy on disk and every other module from this
+// machine's module cache, read as a proxy, then from GOPROXY. GOFLAGS is
+// empty (no -mod=mod) and go.sum starts empty, as a user's would.
+func newConsumer(t *testing.T, proxy string) *consumer {
 	t.Helper()
 	goEnv := func(k string) string {
 		out, err := exec.Command("go", "env", k).Output()
@@ -430,40 +483,43 @@ func newConsumer(t *testing.T, proxy, released string) *consumer {
 	if up := goEnv("GOPROXY"); up != "" && up != "off" && up != "direct" {
 		goproxy += "," + up
 	}
-	c := &consumer{dir: t.TempDir()}
+	c := &consumer{dir: t.TempDir(), bin: t.TempDir()}
 	c.env = append(os.Environ(),
 		"GOPROXY="+goproxy,
 		"GOWORK=off",
-		// -trimpath: without it a package's build cache key holds its
-		// directory, and every package in this new module cache would
-		// compile anew.
-		"GOFLAGS=-mod=mod -modcacherw -trimpath",
+		"GOFLAGS=",
+		"GOBIN="+c.bin,
 		"GOTOOLCHAIN=local",
-		// Our modules are in no checksum database yet; every other
-		// module is checked against the hashes of this repository's
-		// go.sum files, copied below, or the checksum database.
-		"GONOSUMDB=github.com/gcp-pubsub-idempotency",
-		// A cache of its own: a shared one could hold an earlier run's
-		// testVersion of our modules, and it would be used unread.
-		"GOMODCACHE="+t.TempDir(),
+		// Our modules are in no checksum database yet, and the
+		// checksum database may be out of reach: the third-party modules
+		// come from this machine's module cache, checked when they were
+		// first downloaded.
+		"GOSUMDB=off",
+		"GOMODCACHE="+consumerModCache(t),
 	)
 	if err := os.WriteFile(filepath.Join(c.dir, "go.mod"), []byte("module example.com/consumer\n\ngo 1.26\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var sums []string
-	filepath.WalkDir(released, func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && (d.Name() == "go.sum" || d.Name() == "go.work.sum") {
-			b, _ := os.ReadFile(p)
-			sums = append(sums, strings.Split(strings.TrimSpace(string(b)), "\n")...)
-		}
-		return nil
-	})
-	slices.Sort(sums)
-	sums = slices.Compact(sums)
-	if err := os.WriteFile(filepath.Join(c.dir, "go.sum"), []byte(strings.Join(sums, "\n")+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	return c
+}
+
+// consumerModCache returns a module cache of the consumer's own: a shared
+// one could hold an earlier run's testVersion of our modules, and it would
+// be used unread. The go command leaves its module cache read-only (GOFLAGS
+// has no -modcacherw), so it is made writable again before the test's
+// directories are removed.
+func consumerModCache(t *testing.T) string {
+	t.Helper()
+	mc := t.TempDir()
+	t.Cleanup(func() {
+		filepath.WalkDir(mc, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				os.Chmod(p, 0o755)
+			}
+			return nil
+		})
+	})
+	return mc
 }
 
 func (c *consumer) goCmd(t *testing.T, dir string, args ...string) {
@@ -505,31 +561,21 @@ func section(t *testing.T, readme, h string) []string {
 	return lines
 }
 
-// readmeGoGets returns the arguments of each `go get` line in the README's
-// Install section (from its shell code blocks).
-func readmeGoGets(t *testing.T, readme string) [][]string {
+// readmeGoCommands returns the arguments of each `go` command line in the
+// shell code blocks of the README section whose heading is h, in order.
+func readmeGoCommands(t *testing.T, readme, h string) [][]string {
 	t.Helper()
-	var gets [][]string
+	var cmds [][]string
 	inBlock := false
-	for _, l := range section(t, readme, "## Install") {
+	for _, l := range section(t, readme, h) {
 		switch {
 		case strings.HasPrefix(l, "```"):
-			inBlock = !inBlock
-		case inBlock && strings.HasPrefix(strings.TrimSpace(l), "go get "):
-			gets = append(gets, strings.Fields(strings.TrimSpace(l))[1:])
+			inBlock = !inBlock && l == "```sh"
+		case inBlock && strings.HasPrefix(strings.TrimSpace(l), "go "):
+			cmds = append(cmds, strings.Fields(strings.TrimSpace(l))[1:])
 		}
 	}
-	if len(gets) == 0 {
-		t.Fatal("README.md's Install section has no `go get` line")
-	}
-	for _, g := range gets {
-		for _, a := range g[1:] {
-			if strings.HasPrefix(a, "-") || strings.Contains(a, "@") {
-				t.Fatalf("go get %v: a flag or a version; this test runs plain `go get PKG` lines", g[1:])
-			}
-		}
-	}
-	return gets
+	return cmds
 }
 
 // readmeQuickstart returns the first Go code block of the Quickstart.

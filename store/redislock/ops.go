@@ -210,7 +210,8 @@ func wrapOp(op string, r store.Record, err error) error {
 // checked again for the prefix), then one pipeline of inspect.lua, one
 // script per key, so that each record is read with the server's clock at
 // its read, as Inspect reads it. Keys under the prefix that hold something
-// other than a record, or whose name is not a valid key, are skipped.
+// other than a record, or whose name is not a valid key, are skipped, and
+// counted in the page's Skipped.
 //
 // Bound: one call sends at most 16 SCANs with COUNT max(q.Limit, 100) to
 // one server (each examines about that many keys of the whole keyspace)
@@ -265,7 +266,7 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 		}
 		all := candidates(keys, full, cur.seen)
 		batch := all[:min(len(all), limit-read)]
-		recs, err := b.readKeys(ctx, node, batch)
+		recs, foreign, err := b.readKeys(ctx, node, batch)
 		if err != nil {
 			return store.Page{}, fmt.Errorf("redislock: list: %w", err)
 		}
@@ -273,6 +274,9 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 		taken := 0
 		for i, rec := range recs {
 			taken = i + 1
+			if foreign[i] {
+				page.Skipped++
+			}
 			if rec != nil && (q.State == 0 || rec.State == q.State) {
 				page.Records = append(page.Records, *rec)
 				if len(page.Records) == limit {
@@ -326,10 +330,11 @@ func candidates(keys []string, full string, seen []uint64) []string {
 
 // readKeys reads the records at keys (full Redis keys) on node in one
 // pipeline of inspect.lua: a nil entry for a key with no record, one that
-// holds something else, or whose name is not a valid key.
-func (b *Backend) readKeys(ctx context.Context, node redis.Cmdable, keys []string) ([]*store.Record, error) {
+// holds something else, or whose name is not a valid key; the second
+// result is true for the last two (another application's keys).
+func (b *Backend) readKeys(ctx context.Context, node redis.Cmdable, keys []string) ([]*store.Record, []bool, error) {
 	if len(keys) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	for loaded := false; ; loaded = true {
 		cmds, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -340,26 +345,29 @@ func (b *Backend) readKeys(ctx context.Context, node redis.Cmdable, keys []strin
 		})
 		if err != nil && !loaded && isNoScript(err) {
 			if err := node.ScriptLoad(ctx, inspectScript.src).Err(); err != nil {
-				return nil, fmt.Errorf("SCRIPT LOAD: %w", err)
+				return nil, nil, fmt.Errorf("SCRIPT LOAD: %w", err)
 			}
 			continue
 		}
 		out := make([]*store.Record, len(keys))
+		foreign := make([]bool, len(keys))
 		for i, c := range cmds {
 			key := keys[i][len(b.prefix):]
 			if store.ValidateKey(key) != nil {
+				foreign[i] = true
 				continue
 			}
 			rec, _, ok, err := inspectReply(key, c.(*redis.Cmd))
 			switch {
 			case errors.Is(err, errNotARecord):
+				foreign[i] = true
 			case err != nil:
-				return nil, fmt.Errorf("read %q: %w", key, err)
+				return nil, nil, fmt.Errorf("read %q: %w", key, err)
 			case ok:
 				out[i] = &rec
 			}
 		}
-		return out, nil
+		return out, foreign, nil
 	}
 }
 
