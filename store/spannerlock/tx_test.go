@@ -438,7 +438,7 @@ func TestCompleteTxWithACommitThatDidNotLandFailsAndReleases(t *testing.T) {
 	ctx := t.Context()
 	e := newTxEnv(t)
 	c := e.claim(t, "k", time.Minute)
-	e.r.refuse.Store(&refusal{"Commit", codes.DeadlineExceeded})
+	e.r.refuse.Store(&refusal{method: "Commit", code: codes.DeadlineExceeded})
 	ok, calls, err := e.completeTx(ctx, c, "", "k")
 	if e.r.refused.Load() != 1 {
 		t.Fatalf("%d Commits refused, want 1", e.r.refused.Load())
@@ -469,7 +469,7 @@ func TestCompleteTxThatCannotSettleReturnsErrCommitUnknown(t *testing.T) {
 		// The settling's Release fails at its Commit, with a code no
 		// layer retries (a refused first statement would be sent again
 		// with an explicit BeginTransaction).
-		e.r.refuse.Store(&refusal{"Commit", codes.PermissionDenied})
+		e.r.refuse.Store(&refusal{method: "Commit", code: codes.PermissionDenied})
 	}
 	e.r.loseNextCommit.Store(true)
 	ok, _, err := e.completeTx(ctx, c, "", "k")
