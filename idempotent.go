@@ -238,20 +238,20 @@ func (c *config) deliver(ctx context.Context, b store.Backend, h CloudEventFunc,
 			return refused(err)
 		}
 	}
-	var ran bool
 	// The lines logged about this delivery name the call's span, as the
 	// handler's own lines do; PushHandler's too (pushSpan).
-	spanCtx := ctx
+	var run body
 	if txOf != nil {
-		ran, err = run(ctx, b, key, found, fp, nil, txOf(e), &c.lock, false, &spanCtx)
+		run.tx = txOf(e)
 	} else {
-		ran, err = run(ctx, b, key, found, fp, func(ctx context.Context) error { return h(ctx, e) }, nil, &c.lock, false, &spanCtx)
+		run.fn = func(ctx context.Context) error { return h(ctx, e) }
 	}
+	o := delivery{b: b, key: key, found: found, fp: fp, cfg: &c.lock}.run(ctx, run)
 	if spanOut != nil {
-		*spanOut = spanCtx
+		*spanOut = o.ctx
 	}
-	ctx = spanCtx
-	if ran {
+	ctx, err = o.ctx, o.err
+	if o.ran {
 		return c.bodyOutcome(ctx, e, key, nilSafe(err))
 	}
 	return c.ownOutcome(ctx, e, key, err)

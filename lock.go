@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
@@ -81,10 +82,19 @@ type InProgressError struct {
 	// Done reports that the key is completed, not held: Mutex refuses to run
 	// over a key that Lock completed.
 	Done bool
+	// Superseded reports, from [LockTx], that the body ran but this
+	// delivery's claim was superseded before its transaction committed
+	// (its lease lapsed and another delivery claimed the key, or the
+	// claim was released): nothing was committed. Whether the other
+	// delivery still holds the key or has finished is not known.
+	Superseded bool
 }
 
 // Error describes the contention and, when known, when it ends.
 func (e *InProgressError) Error() string {
+	if e.Superseded {
+		return fmt.Sprintf("idempotency: key %q: this delivery's claim was superseded before its transaction committed (its lease lapsed and another delivery claimed the key, or the claim was released); nothing was committed", e.Key)
+	}
 	what := "is held by another delivery"
 	if e.Done {
 		what = "was completed by Lock; Mutex will not run over it"
@@ -162,8 +172,7 @@ func ClaimFrom(ctx context.Context) (store.Claim, bool) {
 // ignores ctx's cancellation, bounded by the settle timeout.
 func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, "", cfg.fingerprint, fn, nil, &cfg, false, nil)
-	return err
+	return delivery{b: b, key: key, fp: cfg.fingerprint, cfg: &cfg}.run(ctx, body{fn: fn}).err
 }
 
 // Mutex runs fn with key held, so that no two calls for the same key run
@@ -185,93 +194,145 @@ func Lock(ctx context.Context, b store.Backend, key string, fn func(context.Cont
 // again later, and may then run in any order.
 func Mutex(ctx context.Context, b store.Backend, key string, fn func(context.Context) error, opts ...LockOption) error {
 	cfg := newLockConfig(opts...)
-	_, err := run(ctx, b, key, "", "", fn, nil, &cfg, true, nil)
-	return err
+	return delivery{b: b, key: key, cfg: &cfg, mutex: true}.run(ctx, body{fn: fn}).err
 }
 
-// run is the engine of Lock, Mutex and Idempotent. ran reports whether fn
-// was called: when it was, err is fn's own error (nil included), whatever
-// it wraps; when it was not, err is run's own outcome (a *DuplicateError,
-// a *PayloadMismatchError, an *InProgressError, or a failure to claim).
-// The wrapper acks a duplicate only when ran is false. fp is the payload's
-// fingerprint ("" for none): stored by the completion, and compared with
-// the stored one when the key is done. found is the key as the wrapper's
-// KeyFunc found it, before the prefix and any hashing ("" for Lock and
-// Mutex): like key, it is kept out of the spans unless WithKeyInSpans.
-//
-// With tx set (and fn nil) the body runs inside the backend's transaction
-// that also completes the claim (see LockTx).
-//
-// When spanCtx is not nil, run sets it to ctx with the call's span (or
-// ctx itself, when it records none), for the caller's log lines about
-// the delivery: they then name its trace and span.
-func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(context.Context) error, tx txFunc, cfg *lockConfig, mutex bool, spanCtx *context.Context) (ran bool, err error) {
-	if b == nil {
-		return false, errors.New("idempotency: nil backend")
+// delivery is one guarded run of a body under a key: the one path from
+// a resolved key to an outcome, which Lock, Mutex, LockTx and every
+// transport (the CloudEvent wrapper, the push handler) share. A transport
+// resolves the key and the fingerprint, runs the delivery, and
+// translates its outcome into its own shapes; it adds no mode here.
+type delivery struct {
+	b store.Backend
+	// key is the key as stored; found is the key as the wrapper's KeyFunc
+	// found it, before the prefix and any hashing ("" for Lock and
+	// Mutex). Like key, it is kept out of the spans unless
+	// WithKeyInSpans.
+	key, found string
+	// fp is the payload's fingerprint ("" for none): stored by the
+	// completion, and compared with the stored one when the key is done.
+	fp    string
+	cfg   *lockConfig
+	mutex bool // Mutex: release after the body, never complete
+}
+
+// body is what a delivery runs under its claim: fn, or, for LockTx, tx,
+// which runs the body inside the backend's transaction that also
+// completes the claim. It is kept apart from the delivery, whose backend
+// escapes to the heap (the heartbeat's goroutine holds it), so that a
+// transport's closure does not go with it.
+type body struct {
+	fn func(context.Context) error
+	tx txFunc
+}
+
+// outcome is what a delivery came to. When ran is set the body was
+// called, and err is the body's own error (nil included), whatever it
+// wraps, or, under LockTx, what became of its transaction; otherwise
+// err is the guard's own outcome (a *DuplicateError, a
+// *PayloadMismatchError, an *InProgressError, or a failure to claim), and
+// only then may a transport ack a duplicate. ctx is the caller's context
+// with the delivery's span (ctx itself when none is recorded), for the
+// transport's log lines about the delivery: they then name its trace and
+// span.
+type outcome struct {
+	ran bool
+	err error
+	ctx context.Context
+}
+
+// run runs the delivery of body on ctx.
+func (d delivery) run(ctx context.Context, body body) (o outcome) {
+	o.ctx = ctx
+	if d.b == nil {
+		o.err = errors.New("idempotency: nil backend")
+		return o
 	}
-	if fn == nil && tx == nil {
-		return false, errors.New("idempotency: nil body")
+	if body.fn == nil && body.tx == nil {
+		o.err = errors.New("idempotency: nil body")
+		return o
 	}
-	if err := cfg.validate(); err != nil {
-		return false, fmt.Errorf(errPrefix+" %w", err)
+	if err := d.cfg.validate(); err != nil {
+		o.err = fmt.Errorf(errPrefix+" %w", err)
+		return o
 	}
-	if err := store.ValidateFingerprint(fp); err != nil {
-		return false, fmt.Errorf(errPrefix+" key %q: %w", key, err)
+	if err := store.ValidateFingerprint(d.fp); err != nil {
+		o.err = fmt.Errorf(errPrefix+" key %q: %w", d.key, err)
+		return o
 	}
-	lease, fromDeadline := cfg.leaseFor(ctx)
+	lease, fromDeadline := d.cfg.leaseFor(ctx)
 	var tr tracker // spans and metrics (telemetry.go)
-	ctx = tr.begin(ctx, cfg, key, found, mutex)
-	if spanCtx != nil {
-		*spanCtx = ctx
-	}
-	defer tr.end(ctx, &err)
-	res, err := b.Claim(tr.claim(ctx), key, lease)
-	tr.claimed(ctx, res, err)
+	ctx = tr.begin(ctx, d.cfg, d.key, d.found, d.mutex)
+	o.ctx = ctx
+	defer tr.end(ctx, &o.err)
+	c, err := d.claim(ctx, &tr, lease)
 	if err != nil {
-		return false, fmt.Errorf("idempotency: claim %q: %w", key, err)
+		o.err = err
+		return o
 	}
-	switch res.Outcome {
-	case store.Won:
-	case store.AlreadyDone:
-		if mutex {
-			return false, &InProgressError{Key: key, Until: res.Until, Done: true}
-		}
-		if mismatch(res.Fingerprint, fp) {
-			return false, &PayloadMismatchError{Key: key, Stored: res.Fingerprint, Delivered: fp, Until: res.Until}
-		}
-		return false, &DuplicateError{Key: key, Until: res.Until, fromLock: true}
-	case store.HeldByOther:
-		return false, &InProgressError{Key: key, Until: res.Until}
-	default:
-		return false, fmt.Errorf("idempotency: claim %q: backend returned unknown outcome %v", key, res.Outcome)
-	}
-	c := res.Claim
-	log := cfg.log()
 	if fromDeadline {
 		// This delivery's lease, which renewals extend by, and a heartbeat
 		// that ticks at least three times within it.
-		d := *cfg
-		d.lease = lease
-		if d.heartbeat > lease/3 {
-			d.heartbeat = max(lease/3, time.Millisecond)
+		cfg := *d.cfg
+		cfg.lease = lease
+		if cfg.heartbeat > lease/3 {
+			cfg.heartbeat = max(lease/3, time.Millisecond)
 		}
-		cfg = &d
-	} else if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) && cfg.heartbeat == 0 {
-		log.WarnContext(ctx, "idempotency: the request may outlive its lease; raise the lease above the request timeout, or use WithHeartbeat",
-			"key", key, "lease", cfg.lease, "deadline_in", time.Until(dl).Round(time.Second))
+		d.cfg = &cfg
+	} else if dl, ok := ctx.Deadline(); ok && dl.After(c.LeaseExpiry) && d.cfg.heartbeat == 0 {
+		d.cfg.log().WarnContext(ctx, "idempotency: the request may outlive its lease; raise the lease above the request timeout, or use WithHeartbeat",
+			"key", d.key, "lease", d.cfg.lease, "deadline_in", time.Until(dl).Round(time.Second))
 	}
+	o.ran = true
+	o.err = d.hold(ctx, &tr, c, body)
+	return o
+}
 
+// claim claims the delivery's key for lease, and returns the won claim,
+// or the guard's outcome as an error when the key is done or held
+// elsewhere, or the failure to claim.
+func (d *delivery) claim(ctx context.Context, tr *tracker, lease time.Duration) (store.Claim, error) {
+	res, err := d.b.Claim(tr.claim(ctx), d.key, lease)
+	tr.claimed(ctx, res, err)
+	if err != nil {
+		return store.Claim{}, fmt.Errorf("idempotency: claim %q: %w", d.key, err)
+	}
+	switch res.Outcome {
+	case store.Won:
+		return res.Claim, nil
+	case store.AlreadyDone:
+		if d.mutex {
+			return store.Claim{}, &InProgressError{Key: d.key, Until: res.Until, Done: true}
+		}
+		if mismatch(res.Fingerprint, d.fp) {
+			return store.Claim{}, &PayloadMismatchError{Key: d.key, Stored: res.Fingerprint, Delivered: d.fp, Until: res.Until}
+		}
+		return store.Claim{}, &DuplicateError{Key: d.key, Until: res.Until, fromLock: true}
+	case store.HeldByOther:
+		return store.Claim{}, &InProgressError{Key: d.key, Until: res.Until}
+	}
+	return store.Claim{}, fmt.Errorf("idempotency: claim %q: backend returned unknown outcome %v", d.key, res.Outcome)
+}
+
+// hold runs the body under the won claim c, with its heartbeat, and
+// settles the claim: completes it after a body that returned nil (or, for
+// LockTx, in the body's transaction), releases it otherwise, and after a
+// panic, which then goes on.
+func (d *delivery) hold(ctx context.Context, tr *tracker, c store.Claim, body body) error {
+	cfg, log := d.cfg, d.cfg.log()
 	// Without a heartbeat the body runs on ctx itself: nothing but ctx
 	// can cancel it, so a context of its own would only cost allocations.
 	bodyCtx, stopHeartbeat := ctx, func() {}
+	var hb *beat // what the heartbeat learned; nil without one
 	if cfg.heartbeat > 0 {
 		var cancelBody context.CancelCauseFunc
 		bodyCtx, cancelBody = context.WithCancelCause(ctx)
 		defer cancelBody(nil)
+		hb = &beat{cancel: cancelBody, tx: body.tx != nil}
 		// hc, not c, is shared with the renewing goroutine, so that c
 		// stays off the heap when there is no heartbeat.
 		hc := c
-		stop := heartbeat(bodyCtx, b, &hc, cfg, cancelBody)
+		stop := heartbeat(bodyCtx, d.b, &hc, cfg, hb.lose)
 		stopHeartbeat = func() { stop(); c = hc }
 	}
 	settled := false
@@ -279,32 +340,41 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 		if settled {
 			return
 		}
-		// fn panicked or called runtime.Goexit: give the key back at once.
+		// The body panicked or called runtime.Goexit: give the key back
+		// at once.
 		stopHeartbeat()
 		tr.bodyEnded(errBodyPanicked)
-		err := settle(tr.settling(ctx, opRelease), cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
+		err := d.release(tr.settling(ctx, opRelease), c)
 		tr.settled(ctx, true, err)
 		if err != nil {
 			log.ErrorContext(ctx, "idempotency: release after a panic failed; the key frees when its lease lapses",
-				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
+				"key", d.key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
 	}()
-	if tx != nil {
-		return true, runTx(ctx, bodyCtx, b, c, fp, tx, cfg, &tr, stopHeartbeat, &settled)
+	if body.tx != nil {
+		won := c // the body's claim; c, shared with the deferred release, stays off the heap
+		r := body.tx(tr.body(bodyCtx), won, d.fp, func(tctx context.Context) context.Context {
+			hb.enter()
+			return &claimCtx{Context: tctx, claim: won}
+		}, hb.leave)
+		settled = true
+		stopHeartbeat()
+		tr.bodyEnded(r.bodyErr)
+		return d.settleTx(ctx, tr, c, hb.wasLost(), r)
 	}
-	ferr := fn(tr.body(&claimCtx{Context: bodyCtx, claim: c}))
+	ferr := body.fn(tr.body(&claimCtx{Context: bodyCtx, claim: c}))
 	stopHeartbeat() // from here on c is the latest renewal's claim
 	settled = true
 	tr.bodyEnded(ferr)
 
-	if ferr != nil || mutex {
-		err := settle(tr.settling(ctx, opRelease), cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
+	if ferr != nil || d.mutex {
+		err := d.release(tr.settling(ctx, opRelease), c)
 		tr.settled(ctx, true, err)
 		if err != nil {
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
-				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
+				"key", d.key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 		}
-		return true, ferr
+		return ferr
 	}
 
 	// Complete is safe to retry, and a key left Claimed after the work ran
@@ -312,9 +382,9 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 	// subscription's copy, would then run the work again): a failure is
 	// tried again until the settle timeout.
 	var done bool
-	err = settle(tr.settling(ctx, opComplete), cfg, func(ctx context.Context) error {
+	err := settle(tr.settling(ctx, opComplete), cfg, func(ctx context.Context) error {
 		return retryUntilDone(ctx, func() (err error) {
-			done, err = complete(ctx, b, c, fp)
+			done, err = complete(ctx, d.b, c, d.fp)
 			return err
 		})
 	})
@@ -322,12 +392,20 @@ func run(ctx context.Context, b store.Backend, key, found, fp string, fn func(co
 	switch {
 	case err != nil:
 		log.ErrorContext(ctx, "idempotency: the work ran but marking the key done failed; acknowledging anyway, a redelivery after the lease may repeat the work",
-			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
+			"key", d.key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", err)
 	case !done:
-		log.ErrorContext(ctx, "idempotency: the work ran but the claim was fenced out (the work outran its lease and another delivery took the key, which may repeat the work); acknowledging anyway; raise the lease",
-			"key", key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
+		log.ErrorContext(ctx, "idempotency: the work ran but the claim was fenced out (its lease lapsed and another delivery took the key, which may repeat the work, or an operator released it); acknowledging anyway; unless it was released by hand, raise the lease or use WithHeartbeat",
+			"key", d.key, "fence", c.Fence, "lease", cfg.lease, "lease_expiry", c.LeaseExpiry)
 	}
-	return true, nil
+	return nil
+}
+
+// release gives c back, retrying until the settle timeout, on a context
+// detached from ctx's cancellation.
+func (d *delivery) release(ctx context.Context, c store.Claim) error {
+	return settle(ctx, d.cfg, func(ctx context.Context) error {
+		return retryUntilDone(ctx, func() error { return d.b.Release(ctx, c) })
+	})
 }
 
 // complete completes c, storing fp with it when fp is not empty and b
@@ -367,10 +445,73 @@ func addSat(a, b time.Duration) time.Duration {
 	return a + b
 }
 
+// beat is what a body's heartbeat learned, and how it acts on a lost
+// claim (see lose).
+type beat struct {
+	cancel context.CancelCauseFunc // cancels the body's context
+	// tx reports a body that runs inside the backend's transaction
+	// (LockTx): the renewal that finds the claim lost may be looking at
+	// the transaction's own Done mark.
+	tx bool
+	// inBody is set while a transactional body runs (an attempt of it:
+	// the store may run it again).
+	inBody atomic.Bool
+	// lost is set, by the renewing goroutine, once a renewal found the
+	// claim lost (store.ErrLost).
+	lost atomic.Bool
+}
+
+// lose acts on a renewal of claim that answered err, wrapping
+// store.ErrLost. Under Lock and Mutex the claim is gone while the body
+// runs beside another holder: it says so loudly and cancels the body.
+// Under LockTx nothing is logged here: the renewal may have found the
+// Done mark of the body's own commit (a renewal that lands between the
+// mark and the commit's reply), which only the transaction's outcome
+// tells apart from a claim superseded by another delivery (settleTx logs
+// that one); the body is cancelled only while it runs, never during
+// the commit.
+func (h *beat) lose(ctx context.Context, cfg *lockConfig, claim store.Claim, err error) {
+	h.lost.Store(true)
+	cause := fmt.Errorf("idempotency: lease renewal: %w", err)
+	if h.tx {
+		if h.inBody.Load() {
+			h.cancel(cause)
+		}
+		return
+	}
+	cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
+		"key", claim.Key, "fence", claim.Fence, "error", err)
+	h.cancel(cause)
+}
+
+// enter marks the start of an attempt of a transactional body; once the
+// claim is known lost, the attempt's context is cancelled at once.
+func (h *beat) enter() {
+	if h == nil {
+		return
+	}
+	h.inBody.Store(true)
+	if h.lost.Load() {
+		h.cancel(fmt.Errorf("idempotency: lease renewal: %w", store.ErrLost))
+	}
+}
+
+// leave marks the end of an attempt of a transactional body.
+func (h *beat) leave() {
+	if h != nil {
+		h.inBody.Store(false)
+	}
+}
+
+// wasLost reports whether a renewal found the claim lost; read it after
+// the heartbeat stopped.
+func (h *beat) wasLost() bool { return h != nil && h.lost.Load() }
+
 // heartbeat renews *c every cfg.heartbeat until the returned stop is
 // called (stop waits for the renewing goroutine, after which *c holds the
-// latest claim). A lost claim cancels the body through cancel.
-func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockConfig, cancel context.CancelCauseFunc) (stop func()) {
+// latest claim). A renewal that finds the claim lost ends the renewals
+// and calls lose (see beat.lose).
+func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockConfig, lose func(context.Context, *lockConfig, store.Claim, error)) (stop func()) {
 	if cfg.heartbeat <= 0 {
 		return func() {}
 	}
@@ -412,15 +553,14 @@ func heartbeat(ctx context.Context, b store.Backend, c *store.Claim, cfg *lockCo
 			case errors.Is(err, store.ErrLost):
 				select {
 				case <-done:
-					// The body returned while the renewal ran: a
-					// transactional body's commit marked the key done,
-					// which a renewal finds "lost". Nothing was.
+					// The body returned (under LockTx, its transaction
+					// ended) while the renewal ran: a transactional
+					// body's commit marked the key done, which a renewal
+					// finds "lost". Nothing was.
 					return
 				default:
 				}
-				cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
-					"key", claim.Key, "fence", claim.Fence, "error", err)
-				cancel(fmt.Errorf("idempotency: lease renewal: %w", err))
+				lose(ctx, cfg, claim, err)
 				return
 			default:
 				cfg.log().WarnContext(ctx, "idempotency: lease renewal failed; trying again at the next heartbeat",

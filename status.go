@@ -89,9 +89,9 @@ func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err
 			attrs = []any{"event_id", e.ID()}
 		}
 		var ip *InProgressError
-		if errors.As(err, &ip) && ip != nil && ip.Key == key && key != "" {
+		if errors.As(err, &ip) && ip != nil && ip.Superseded && ip.Key == key && key != "" {
 			// LockTx's own: the claim was superseded before the commit.
-			msg = "idempotency: the claim on the message key was superseded while the handler ran; its transaction was rolled back, nothing committed; nacking with 503 for a later retry"
+			msg = "idempotency: the claim on the message key was superseded before the handler's transaction committed; rolled back, nothing committed; nacking with 503 for a later retry"
 			attrs = []any{"key", key, "event_id", e.ID()}
 		} else if ip != nil {
 			attrs = append(attrs, "key", ip.Key)

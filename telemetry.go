@@ -535,7 +535,7 @@ func (t *tracker) settled(ctx context.Context, done bool, err error) {
 
 // errFencedOut is what the complete span records for a claim that was
 // fenced out.
-var errFencedOut = errors.New("idempotency: the claim was fenced out: another delivery took the key while the body ran")
+var errFencedOut = errors.New("idempotency: the claim was fenced out: its lease lapsed and another delivery claimed the key, or it was released, before the work was marked done")
 
 // end counts the call by its outcome and ends its span. *errp is run's
 // error result, which a panic leaves unset.

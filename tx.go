@@ -29,10 +29,15 @@ type TxEventFunc[Tx any] = func(ctx context.Context, e event.Event, tx Tx) error
 //   - fn returns nil and the transaction commits: LockTx returns nil.
 //   - fn returns an error: the transaction is rolled back, the claim
 //     released, and LockTx returns fn's error unchanged.
-//   - the claim was superseded while fn ran (its lease lapsed and another
-//     delivery took the key, or it was released): rolled back, nothing
-//     committed; LockTx returns an error wrapping an *[InProgressError]
-//     (errors.Is ErrInProgress: nack, retry later).
+//   - the claim was superseded before the commit (its lease lapsed and
+//     another delivery took the key, or it was released): rolled back,
+//     nothing committed; LockTx returns an *[InProgressError] with
+//     Superseded set (errors.Is ErrInProgress: nack, retry later), or an
+//     error wrapping one and, when fn returned an error, fn's error too.
+//     Under [WithHeartbeat] a renewal that finds the claim gone while fn
+//     runs cancels fn's context (a renewal that finds the key done by
+//     fn's own commit, landing between the mark and the commit's reply,
+//     is not a loss: the delivery succeeds and nothing is logged).
 //   - the commit failed: the claim is released and LockTx returns the
 //     error. A commit whose reply was lost is settled by the backend
 //     before it answers; an outcome it cannot settle is an error wrapping
@@ -66,8 +71,7 @@ func LockTx[Tx any](ctx context.Context, b store.TxBackend[Tx], key string, fn f
 	if b != nil {
 		sb = b
 	}
-	_, err := run(ctx, sb, key, "", cfg.fingerprint, nil, txOf(b, fn), &cfg, false, nil)
-	return err
+	return delivery{b: sb, key: key, fp: cfg.fingerprint, cfg: &cfg}.run(ctx, body{tx: txOf(b, fn)}).err
 }
 
 // IdempotentTx is [Idempotent] for a handler whose effects are writes to
@@ -120,70 +124,83 @@ func PushHandlerTx[Tx any](b store.TxBackend[Tx], h TxEventFunc[Tx], opts ...Opt
 }
 
 // txFunc runs the body inside the backend's transaction that completes c
-// (store.TxCompleter.CompleteTx). bodyCtx makes the body's context from
-// the transaction's. ran reports whether the body was called, bodyErr what
-// its last call returned, done and err what CompleteTx returned.
-type txFunc func(ctx context.Context, c store.Claim, fp string, bodyCtx func(context.Context) context.Context) (ran bool, bodyErr error, done bool, err error)
+// (store.TxCompleter.CompleteTx). enter makes each attempt's body context
+// from the transaction's, and leave is called when that attempt's body
+// returns.
+type txFunc func(ctx context.Context, c store.Claim, fp string, enter func(context.Context) context.Context, leave func()) txResult
+
+// txResult is what became of a transactional body: ran reports whether
+// the body was called, bodyErr what its last call returned, done and err
+// what CompleteTx returned.
+type txResult struct {
+	ran     bool
+	bodyErr error
+	done    bool
+	err     error
+}
 
 // txOf binds fn to b's CompleteTx.
 func txOf[Tx any](b store.TxCompleter[Tx], fn func(ctx context.Context, tx Tx) error) txFunc {
-	return func(ctx context.Context, c store.Claim, fp string, bodyCtx func(context.Context) context.Context) (ran bool, bodyErr error, done bool, err error) {
-		done, err = b.CompleteTx(ctx, c, fp, func(tctx context.Context, tx Tx) error {
-			ran = true
-			bodyErr = fn(bodyCtx(tctx), tx) // each attempt's: only the last one counts
-			return bodyErr
+	return func(ctx context.Context, c store.Claim, fp string, enter func(context.Context) context.Context, leave func()) (r txResult) {
+		r.done, r.err = b.CompleteTx(ctx, c, fp, func(tctx context.Context, tx Tx) error {
+			r.ran = true
+			defer leave()
+			r.bodyErr = fn(enter(tctx), tx) // each attempt's: only the last one counts
+			return r.bodyErr
 		})
-		return ran, bodyErr, done, err
+		return r
 	}
 }
 
-// runTx is run's transactional path after a won claim c: the body and the
-// completion in one transaction (tx). It sets *settled once the body can
-// no longer panic.
-func runTx(ctx, bodyCtx context.Context, b store.Backend, c store.Claim, fp string, tx txFunc, cfg *lockConfig, tr *tracker,
-	stopHeartbeat func(), settled *bool) error {
-	key := c.Key
-	spanCtx := tr.body(bodyCtx)
-	ran, bodyErr, done, err := tx(spanCtx, c, fp, func(tctx context.Context) context.Context {
-		return &claimCtx{Context: tctx, claim: c}
-	})
-	*settled = true
-	stopHeartbeat()
-	tr.bodyEnded(bodyErr)
-	log := cfg.log()
-	release := func() error {
-		return settle(ctx, cfg, func(ctx context.Context) error { return retryUntilDone(ctx, func() error { return b.Release(ctx, c) }) })
-	}
+// settleTx maps what became of the transactional body under claim c to
+// LockTx's answer, releasing c where the transaction did not commit and c
+// may still be this delivery's. lost reports that a renewal found the
+// claim gone: superseded, unless the transaction committed (the renewal
+// then found the commit's own mark).
+func (d *delivery) settleTx(ctx context.Context, tr *tracker, c store.Claim, lost bool, r txResult) error {
+	key, log := d.key, d.cfg.log()
 	switch {
-	case ran && bodyErr != nil:
-		rerr := settle(tr.settling(ctx, opRelease), cfg, func(ctx context.Context) error {
-			return retryUntilDone(ctx, func() error { return b.Release(ctx, c) })
-		})
+	case r.err == nil && r.done:
+		tr.settling(ctx, opComplete)
+		tr.settled(ctx, true, nil)
+		return nil
+	case errors.Is(r.err, store.ErrCommitUnknown):
+		// Said below, whatever the heartbeat saw: the commit may have
+		// landed.
+	case lost || (r.err == nil && (!r.ran || r.bodyErr == nil)):
+		// Superseded: by the lease lapsing and another delivery claiming
+		// the key, or by a release (an operator's). The mark did not
+		// match (false, nil), or, under a heartbeat, the body was
+		// cancelled when a renewal found the claim gone. Nothing
+		// committed, and the key is not this delivery's to release.
+		tr.settling(ctx, opComplete)
+		tr.settled(ctx, false, nil)
+		log.WarnContext(ctx, "idempotency: the claim was superseded before the transaction committed (its lease lapsed and another delivery claimed the key, or it was released); rolled back, nothing committed; nacking",
+			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "heartbeat", d.cfg.heartbeat > 0)
+		ip := &InProgressError{Key: key, Superseded: true}
+		switch {
+		case r.ran && r.bodyErr != nil:
+			return fmt.Errorf("%w (the body returned: %w)", ip, r.bodyErr)
+		case r.err != nil:
+			return fmt.Errorf("%w (the transaction: %w)", ip, r.err)
+		}
+		return ip
+	case r.ran && r.bodyErr != nil:
+		rerr := d.release(tr.settling(ctx, opRelease), c)
 		tr.settled(ctx, true, rerr)
 		if rerr != nil {
 			log.WarnContext(ctx, "idempotency: release failed; the key frees when its lease lapses",
 				"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "error", rerr)
 		}
-		return bodyErr
-	case err == nil && done:
-		tr.settling(ctx, opComplete)
-		tr.settled(ctx, true, nil)
-		return nil
-	case err == nil:
-		tr.settling(ctx, opComplete)
-		tr.settled(ctx, false, nil)
-		log.WarnContext(ctx, "idempotency: the claim was superseded before the transaction committed (the work outran its lease and another delivery took the key); rolled back, nothing committed; raise the lease",
-			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry)
-		return fmt.Errorf("idempotency: key %q: the claim was superseded while the body ran; its transaction was rolled back: %w",
-			key, &InProgressError{Key: key})
+		return r.bodyErr
 	}
 	tr.settling(ctx, opComplete)
-	tr.settled(ctx, false, err)
-	if rerr := release(); rerr != nil {
+	tr.settled(ctx, false, r.err)
+	if rerr := d.release(ctx, c); rerr != nil {
 		log.WarnContext(ctx, "idempotency: release after a failed transaction failed; the key frees when its lease lapses",
 			"key", key, "fence", c.Fence, "error", rerr)
 	}
 	log.ErrorContext(ctx, "idempotency: the transaction with the body's writes and the done mark did not commit; nacking",
-		"key", key, "fence", c.Fence, "error", err)
-	return fmt.Errorf("idempotency: key %q: the transaction did not commit: %w", key, err)
+		"key", key, "fence", c.Fence, "error", r.err)
+	return fmt.Errorf("idempotency: key %q: the transaction did not commit: %w", key, r.err)
 }

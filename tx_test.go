@@ -326,3 +326,102 @@ func TestIdempotentTxRefusesWhatItCannotHonour(t *testing.T) {
 		t.Fatal("the backend was called while disabled")
 	}
 }
+
+// Under WithHeartbeat, a claim that an operator releases and another
+// delivery takes while the body runs makes the renewal cancel the body;
+// LockTx then answers ErrInProgress (PushHandlerTx: 503, a quiet nack),
+// with the body's own context error kept in the chain, and nothing is
+// committed. On 588c86c it answered the bare context error (a 500), both
+// for a body that returns that error and for one that swallows it.
+func TestLockTxSupersededUnderAHeartbeatIsInProgress(t *testing.T) {
+	for _, swallow := range []bool{false, true} {
+		b, l, _ := newTxStore(t)
+		logs, logger := newLogs()
+		err := idempotency.LockTx(t.Context(), b, "k", func(ctx context.Context, tx *ledgerTx) error {
+			tx.rows = append(tx.rows, "write")
+			c, _ := idempotency.ClaimFrom(ctx)
+			if err := b.Release(context.Background(), c); err != nil { // idemctl release
+				t.Errorf("release: %v", err)
+			}
+			if r, err := b.Claim(context.Background(), "k", time.Hour); err != nil || r.Outcome != store.Won {
+				t.Errorf("the other delivery's claim: %v %v", r.Outcome, err)
+			}
+			<-ctx.Done() // the next renewal finds the claim lost
+			if !errors.Is(context.Cause(ctx), store.ErrLost) {
+				t.Errorf("cause %v, want ErrLost", context.Cause(ctx))
+			}
+			if swallow {
+				return nil
+			}
+			return ctx.Err()
+		}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(idempotency.MinHeartbeat), idempotency.WithLogger(logger))
+		var ip *idempotency.InProgressError
+		if !errors.As(err, &ip) || !ip.Superseded || ip.Key != "k" {
+			t.Fatalf("swallow=%v: LockTx = %v, want an *InProgressError with Superseded", swallow, err)
+		}
+		if !swallow && !errors.Is(err, context.Canceled) {
+			t.Fatalf("LockTx = %v: the body's own error is not in the chain", err)
+		}
+		if strings.Contains(err.Error(), "held by another delivery") {
+			t.Fatalf("LockTx = %v: it says the key is held, which nobody knows", err)
+		}
+		if got := l.committed(); len(got) != 0 {
+			t.Fatalf("committed %q", got)
+		}
+		if len(logs.find(t, "ERROR", "")) != 0 || len(logs.find(t, "WARN", "superseded")) != 1 {
+			t.Fatalf("logs: %v", logs.records(t))
+		}
+	}
+}
+
+// mirrorRenewal is a TxStore whose commit's reply arrives only after a
+// lease renewal has found the key done: the renewal lands between the
+// mark and the commit's reply, as on a loaded database.
+type mirrorRenewal struct {
+	*fake.TxStore[*ledgerTx]
+	sawDone chan struct{}
+	once    sync.Once
+}
+
+func (m *mirrorRenewal) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	next, err := m.TxStore.Extend(ctx, c, lease)
+	if errors.Is(err, store.ErrLost) {
+		m.once.Do(func() { close(m.sawDone) })
+	}
+	return next, err
+}
+
+func (m *mirrorRenewal) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, *ledgerTx) error) (bool, error) {
+	ok, err := m.TxStore.CompleteTx(ctx, c, fp, body)
+	if ok {
+		select {
+		case <-m.sawDone:
+		case <-time.After(30 * time.Second):
+			return ok, errors.New("test: no renewal found the mark")
+		}
+	}
+	return ok, err
+}
+
+// A renewal that finds the body's own Done mark before the commit's
+// reply arrives is not a lost claim: the delivery committed and is
+// acked, and nothing is logged at ERROR. On 588c86c the heartbeat logged
+// "the claim was lost while the work ran ... cancelling the work".
+func TestLockTxRenewalBetweenTheMarkAndTheReplyLogsNoError(t *testing.T) {
+	b, l, _ := newTxStore(t)
+	m := &mirrorRenewal{TxStore: b, sawDone: make(chan struct{})}
+	logs, logger := newLogs()
+	err := idempotency.LockTx(t.Context(), m, "k", func(ctx context.Context, tx *ledgerTx) error {
+		tx.rows = append(tx.rows, "write")
+		return nil
+	}, idempotency.WithLease(time.Minute), idempotency.WithHeartbeat(idempotency.MinHeartbeat), idempotency.WithLogger(logger))
+	if err != nil {
+		t.Fatalf("LockTx = %v", err)
+	}
+	if got := l.committed(); len(got) != 1 {
+		t.Fatalf("committed %q, want one row", got)
+	}
+	if e := logs.find(t, "ERROR", ""); len(e) != 0 {
+		t.Fatalf("ERROR logged for a committed delivery: %v", e)
+	}
+}

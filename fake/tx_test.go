@@ -51,6 +51,24 @@ func (db *memDB) rollback(tx *memTx) error {
 	return nil
 }
 
+// read counts, in tx, the committed rows carrying id and tx's own.
+func (db *memDB) read(ctx context.Context, tx *memTx, id string) (int, error) {
+	n, _ := db.count(ctx, id)
+	for _, w := range tx.writes {
+		if w == id {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// endTx ends tx as a store does on a failed statement: its writes are
+// rolled back, and its commit fails.
+func endTx(_ context.Context, tx *memTx) error {
+	tx.writes, tx.ended = nil, true
+	return errors.New("memdb: the statement failed and the transaction was rolled back")
+}
+
 func (db *memDB) count(_ context.Context, id string) (int, error) {
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -93,6 +111,8 @@ func TestContractTx(t *testing.T) {
 			Write: write,
 			Count: db.count,
 			Retry: errRetry,
+			Read:  db.read,
+			EndTx: endTx,
 		}
 	})
 }

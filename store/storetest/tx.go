@@ -74,7 +74,11 @@ type txEnv[Tx any] struct {
 
 // RunTx runs every case about [store.TxCompleter] as a subtest of t: the
 // body's writes and the Done mark commit together or not at all, and never
-// for a claim that was replaced. newHarness is called once per case, as
+// for a claim that was replaced. The cases named after features that meet
+// (a heartbeat, a panicking body, a store that ends the transaction under
+// the body, a claim superseded mid-body) run the backend under
+// idempotency.LockTx, and check what it answers and logs as well as what
+// committed. newHarness is called once per case, as
 // for [Run]. Cases are named "tx_..." and run in parallel with keys and
 // row ids of their own.
 func RunTx[Tx any](t *testing.T, newHarness func(t *testing.T) TxHarness[Tx]) {
@@ -91,6 +95,12 @@ func RunTx[Tx any](t *testing.T, newHarness func(t *testing.T) TxHarness[Tx]) {
 		{"tx_with_a_reply_lost_anywhere_commits_both_or_neither", txLostReply[Tx]},
 		{"tx_validates_its_arguments_before_any_io", txInvalid[Tx]},
 		{"tx_with_a_fingerprint_stores_it_on_the_done_record", txFingerprint[Tx]},
+		// Features that meet (txmix.go): these drive idempotency.LockTx.
+		{"tx_under_a_heartbeat_runs_the_body_once", txHeartbeatOnce[Tx]},
+		{"tx_body_that_panics_leaves_no_lock_and_no_open_transaction", txPanic[Tx]},
+		{"tx_ended_by_the_store_during_the_body_gets_no_done_mark", txEnded[Tx]},
+		{"tx_superseded_during_the_body_commits_nothing_and_is_in_progress", txSupersededMidBody[Tx]},
+		{"tx_that_committed_logs_no_error", txCommittedLogsNoError[Tx]},
 	}
 	for _, r := range rules {
 		t.Run(r.name, func(t *testing.T) {

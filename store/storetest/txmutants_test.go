@@ -35,15 +35,29 @@ var txMutants = map[string][]string{
 	"the fingerprint is dropped":                       {"tx_with_a_fingerprint_stores_it_on_the_done_record"},
 	"the key is not validated":                         {"tx_validates_its_arguments_before_any_io"},
 	"the fingerprint is not validated":                 {"tx_validates_its_arguments_before_any_io"},
+	// Features that meet (txmix.go).
+	"a renewal makes the store run the body again": {"tx_under_a_heartbeat_runs_the_body_once"},
+	"a renewal during the transaction makes a commit that landed answer unknown": {
+		"tx_under_a_heartbeat_runs_the_body_once", "tx_that_committed_logs_no_error"},
+	"a panicking body leaves its reads locked":                          {"tx_body_that_panics_leaves_no_lock_and_no_open_transaction"},
+	"the mark commits on its own after the store ended the transaction": {"tx_ended_by_the_store_during_the_body_gets_no_done_mark"},
+	"a transaction the store ended is answered false, nil":              {"tx_ended_by_the_store_during_the_body_gets_no_done_mark"},
+	"a claim superseded mid-body is answered an error, not false":       {"tx_superseded_during_the_body_commits_nothing_and_is_in_progress"},
+	"a body cancelled by its context is answered as an unknown commit":  {"tx_superseded_during_the_body_commits_nothing_and_is_in_progress"},
 }
 
 // rowDB is the caller's data for the tx mutants: committed rows by id.
 type rowDB struct {
-	mu   sync.Mutex
-	rows map[string]int
+	mu     sync.Mutex
+	rows   map[string]int
+	locked map[string]bool
 }
 
-type rowTx struct{ writes []string }
+type rowTx struct {
+	writes []string
+	reads  []string // ids it read, which a mutant may leave locked
+	ended  bool     // the store ended it under the body (EndTx)
+}
 
 func (db *rowDB) apply(tx *rowTx) {
 	db.mu.Lock()
@@ -51,6 +65,36 @@ func (db *rowDB) apply(tx *rowTx) {
 	for _, id := range tx.writes {
 		db.rows[id]++
 	}
+}
+
+// read reads id's rows in tx; a row a mutant left locked makes it wait
+// for ctx.
+func (db *rowDB) read(ctx context.Context, tx *rowTx, id string) (int, error) {
+	db.mu.Lock()
+	locked := db.locked[id]
+	db.mu.Unlock()
+	if locked {
+		<-ctx.Done()
+		return 0, fmt.Errorf("rowdb: %q is locked: %w", id, ctx.Err())
+	}
+	tx.reads = append(tx.reads, id)
+	n, _ := db.count(ctx, id)
+	return n, nil
+}
+
+// lock leaves tx's reads locked for good.
+func (db *rowDB) lock(tx *rowTx) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	for _, id := range tx.reads {
+		db.locked[id] = true
+	}
+}
+
+// endTx ends tx as a store does on a failed statement.
+func endTx(_ context.Context, tx *rowTx) error {
+	tx.writes, tx.ended = nil, true
+	return errors.New("rowdb: the statement failed, and the transaction was rolled back")
 }
 
 func (db *rowDB) count(_ context.Context, id string) (int, error) {
@@ -103,8 +147,19 @@ func (m *txMutant) CompleteTx(ctx context.Context, c store.Claim, fp string, bod
 		defer m.unlockKey(c.Key)
 	}
 	tx := &rowTx{}
-	for {
-		err := body(ctx, tx)
+	// The record's version as an update-time precondition sees it: each
+	// renewal writes the record.
+	renewed := m.extends(c.Key)
+	for attempt := 0; ; attempt++ {
+		began := m.extends(c.Key)
+		err := m.run(ctx, body, tx)
+		if m.is("a renewal makes the store run the body again") && err == nil && m.extends(c.Key) != began && attempt < 5 {
+			tx = &rowTx{}
+			continue
+		}
+		if err != nil && ctx.Err() != nil && m.is("a body cancelled by its context is answered as an unknown commit") {
+			return false, fmt.Errorf("mutant: %w", store.ErrCommitUnknown)
+		}
 		if errors.Is(err, errTxRetry) && !m.is("the store never retries") {
 			if !m.is("a retried transaction keeps the earlier writes") {
 				tx = &rowTx{}
@@ -122,6 +177,15 @@ func (m *txMutant) CompleteTx(ctx context.Context, c store.Claim, fp string, bod
 		}
 		break
 	}
+	if tx.ended {
+		switch {
+		case m.is("the mark commits on its own after the store ended the transaction"):
+			m.CompleteFingerprint(ctx, c, fp)
+		case m.is("a transaction the store ended is answered false, nil"):
+			return false, nil
+		}
+		return false, errors.New("mutant: the transaction was ended under the body; nothing committed")
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, found := m.Record(c.Key)
@@ -137,6 +201,9 @@ func (m *txMutant) CompleteTx(ctx context.Context, c store.Claim, fp string, bod
 	if !current {
 		if m.is("the writes commit when the claim is fenced out") {
 			m.db.apply(tx)
+		}
+		if m.is("a claim superseded mid-body is answered an error, not false") {
+			return false, errors.New("mutant: the mark matched no record")
 		}
 		return false, nil
 	}
@@ -165,7 +232,44 @@ func (m *txMutant) CompleteTx(ctx context.Context, c store.Claim, fp string, bod
 			return false, errors.New("mutant: commit reply lost")
 		}
 	}
+	if m.is("a renewal during the transaction makes a commit that landed answer unknown") && m.extends(c.Key) != renewed {
+		return false, fmt.Errorf("mutant: the record changed under the commit: %w", store.ErrCommitUnknown)
+	}
 	return true, nil
+}
+
+// run calls body with tx; for the mutant that leaves a panicking body's
+// reads locked, it locks them before the panic goes on.
+func (m *txMutant) run(ctx context.Context, body func(context.Context, *rowTx) error, tx *rowTx) error {
+	if m.is("a panicking body leaves its reads locked") {
+		finished := false
+		defer func() {
+			if !finished {
+				m.db.lock(tx)
+			}
+		}()
+		err := body(ctx, tx)
+		finished = true
+		return err
+	}
+	return body(ctx, tx)
+}
+
+// renewalCounts counts Extend calls per key, for the mutants that a
+// renewal during the transaction trips.
+var renewalCounts sync.Map // key -> *atomic.Int64
+
+func (m *txMutant) extends(key string) int64 {
+	if n, ok := renewalCounts.Load(key); ok {
+		return n.(*atomic.Int64).Load()
+	}
+	return 0
+}
+
+func (m *txMutant) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	n, _ := renewalCounts.LoadOrStore(c.Key, new(atomic.Int64))
+	n.(*atomic.Int64).Add(1)
+	return m.Store.Extend(ctx, c, lease)
 }
 
 // The clock of the fake store, for the mutant that tests the lease.
@@ -214,7 +318,7 @@ func TestTxMutant(t *testing.T) {
 		clock := fake.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 		s := fake.New(fake.WithClock(clock.Now))
 		txMutantClocks.Store(s, clock)
-		db := &rowDB{rows: map[string]int{}}
+		db := &rowDB{rows: map[string]int{}, locked: map[string]bool{}}
 		m := &txMutant{Store: s, bug: bug, db: db}
 		return storetest.TxHarness[*rowTx]{
 			Harness: storetest.Harness{Backend: m, TTL: time.Hour, Advance: clock.Advance, Now: clock.Now, Faults: m},
@@ -224,6 +328,8 @@ func TestTxMutant(t *testing.T) {
 			},
 			Count: db.count,
 			Retry: errTxRetry,
+			Read:  db.read,
+			EndTx: endTx,
 		}
 	})
 }
@@ -235,5 +341,5 @@ func TestSuiteCatchesTxMutants(t *testing.T) {
 	if os.Getenv("STORETEST_TX_MUTANT") != "" {
 		t.Skip("inside a mutant run")
 	}
-	runMutants(t, "TestTxMutant", "STORETEST_TX_MUTANT", txMutants, 11)
+	runMutants(t, "TestTxMutant", "STORETEST_TX_MUTANT", txMutants, 16)
 }

@@ -1,0 +1,393 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// The cases in this file are about features that meet: a transactional
+// body (idempotency.LockTx) under a heartbeat, a body that panics, a
+// store that ends the transaction under the body, a claim superseded
+// while the body runs. Each was proven alone; these cases drive the
+// wrapper itself on the backend under test, so that what the wrapper
+// answers (ack, 503, nack) and logs is checked together with what the
+// store committed. They are the only cases of the suite that import the
+// root package: its rules are the wrapper's over the store's.
+
+// mixWait bounds every wait of these cases: a body waiting for renewals,
+// for a superseding delivery's answer, or for its cancellation.
+const mixWait = 20 * time.Second
+
+// heartbeat is the interval of the cases' heartbeats: the shortest the
+// wrapper accepts, for the most renewals per body.
+const heartbeat = idempotency.MinHeartbeat
+
+// errorLog counts the records logged at ERROR or above.
+type errorLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *errorLog) Enabled(_ context.Context, lv slog.Level) bool { return lv >= slog.LevelError }
+
+func (l *errorLog) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	msg := r.Message
+	r.Attrs(func(a slog.Attr) bool { msg += " " + a.String(); return true })
+	l.msgs = append(l.msgs, msg)
+	return nil
+}
+
+func (l *errorLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *errorLog) WithGroup(string) slog.Handler      { return l }
+
+func (l *errorLog) errors() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.msgs...)
+}
+
+// renewals is the backend under test with its renewals counted: the
+// cases wait for renewals to run beside a body.
+type renewals[Tx any] struct {
+	store.TxBackend[Tx]
+	ext     store.Extender
+	started atomic.Int64
+}
+
+func (r *renewals[Tx]) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
+	r.started.Add(1)
+	return r.ext.Extend(ctx, c, lease)
+}
+
+// await waits until n more renewals than before have started (one is in
+// flight at a time, so the ones before have returned), or mixWait.
+func (r *renewals[Tx]) await(ctx context.Context, before int64, n int64) bool {
+	deadline := time.Now().Add(mixWait)
+	for r.started.Load() < before+n {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(heartbeat / 10)
+	}
+	return true
+}
+
+// renewing returns the backend with its renewals counted, or skips the
+// case for a backend that cannot renew.
+func (e *txEnv[Tx]) renewing() *renewals[Tx] {
+	e.t.Helper()
+	x, ok := e.b.(store.Extender)
+	if !ok {
+		e.t.Skipf("%T does not implement store.Extender: a body under a heartbeat is not checked", e.b)
+	}
+	return &renewals[Tx]{TxBackend: e.b, ext: x}
+}
+
+// lockTx runs one delivery of key with idempotency.LockTx on b, logging
+// to log, with the lease and, when hb is set, a heartbeat.
+func (e *txEnv[Tx]) lockTx(b store.TxBackend[Tx], key string, lease time.Duration, hb bool, log *errorLog, body func(ctx context.Context, tx Tx) error) error {
+	opts := []idempotency.LockOption{idempotency.WithLease(lease), idempotency.WithLogger(slog.New(log))}
+	if hb {
+		opts = append(opts, idempotency.WithHeartbeat(heartbeat))
+	}
+	return idempotency.LockTx(e.ctx, b, key, body, opts...)
+}
+
+// noErrors fails the case if anything was logged at ERROR.
+func (e *txEnv[Tx]) noErrors(log *errorLog, what string) {
+	e.t.Helper()
+	if msgs := log.errors(); len(msgs) > 0 {
+		e.t.Fatalf("%s: logged at ERROR: %q", what, msgs)
+	}
+}
+
+// txHeartbeatOnce: a body under a heartbeat, with nothing else touching
+// the key, runs once per delivery. Each renewal writes the claim's record
+// (a new lease expiry); a backend that conditions the Done mark on the
+// record being unchanged since the claim (a version, an update time)
+// finds it changed at every commit and runs the whole transaction, body
+// included, again. Renewals go on during the commit.
+func txHeartbeatOnce[Tx any](t *testing.T, e *txEnv[Tx]) {
+	r := e.renewing()
+	log := &errorLog{}
+	for round := range 2 {
+		k, id := e.key(), e.id()
+		var calls atomic.Int32
+		err := e.lockTx(r, k, e.long(), true, log, func(ctx context.Context, tx Tx) error {
+			calls.Add(1)
+			if err := e.write(ctx, tx, id); err != nil {
+				return err
+			}
+			// Two renewals beside the body (round 0); in round 1 the body
+			// returns as the second starts, so that it runs beside the
+			// mark and the commit.
+			if !r.await(ctx, r.started.Load(), 2) {
+				return fmt.Errorf("storetest: two renewals did not start within %v of the body", mixWait)
+			}
+			if round == 0 {
+				time.Sleep(heartbeat / 2)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("round %d: LockTx under a heartbeat = %v, want nil", round, err)
+		}
+		if n := calls.Load(); n != 1 {
+			t.Fatalf("round %d: the body ran %d times for one delivery with no other writer; a renewal must not make the store run it again", round, n)
+		}
+		e.wantRows(id, 1, "a delivery under a heartbeat")
+		e.expect(k, store.AlreadyDone)
+	}
+	e.noErrors(log, "deliveries under a heartbeat that committed")
+}
+
+// errPanic is the value the panicking body panics with.
+var errPanic = errors.New("storetest: the body panics")
+
+// txPanic: a body that panics after reading and writing leaves nothing
+// behind: the panic goes on with its own value, its write does not
+// exist, the key is free again at once (the wrapper released it), and
+// another delivery's transaction can read and write what the panicking
+// body read, at once (no lock or open transaction left holding it).
+func txPanic[Tx any](t *testing.T, e *txEnv[Tx]) {
+	log := &errorLog{}
+	id := e.id()
+	if err := e.lockTx(e.b, e.key(), e.long(), false, log, func(ctx context.Context, tx Tx) error {
+		return e.write(ctx, tx, id)
+	}); err != nil {
+		t.Fatalf("the first delivery: %v", err)
+	}
+	read := func(ctx context.Context, tx Tx) error {
+		if e.read == nil {
+			return nil
+		}
+		n, err := e.read(ctx, tx, id)
+		if err == nil && n < 1 {
+			err = fmt.Errorf("storetest: Read(%q) in a transaction = %d rows, want at least 1", id, n)
+		}
+		return err
+	}
+	k := e.key()
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		e.lockTx(e.b, k, e.long(), false, log, func(ctx context.Context, tx Tx) error {
+			if err := read(ctx, tx); err != nil {
+				return err
+			}
+			if err := e.write(ctx, tx, id); err != nil {
+				return err
+			}
+			panic(errPanic)
+		})
+	}()
+	if recovered != errPanic {
+		t.Fatalf("LockTx with a panicking body: recovered %v, want the body's own panic value", recovered)
+	}
+	e.wantRows(id, 1, "after a body that panicked after its write")
+	// Another delivery of the same key, and one of another key reading
+	// and writing the same rows: both commit, promptly.
+	ctx, cancel := context.WithTimeout(e.ctx, mixWait)
+	defer cancel()
+	for _, key := range []string{k, e.key()} {
+		start := time.Now()
+		err := idempotency.LockTx(ctx, e.b, key, func(ctx context.Context, tx Tx) error {
+			if err := read(ctx, tx); err != nil {
+				return err
+			}
+			return e.write(ctx, tx, id)
+		}, idempotency.WithLease(e.long()), idempotency.WithLogger(slog.New(log)))
+		if err != nil {
+			t.Fatalf("a delivery of %q after the panic, reading and writing what the panicking body read: %v after %v (a lock or a transaction left open?)",
+				key, err, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	e.wantRows(id, 3, "two deliveries after the panic")
+}
+
+// txEnded: a transaction the store itself ends while the body runs (a
+// failed statement the body swallows) never gets a Done mark without the
+// body's writes. Either the store noticed and ran the transaction again
+// (the delivery then succeeds, with the writes once), or nothing
+// committed, the delivery is a nack that is not a contention (nobody
+// superseded the claim), the key is free at once, and the redelivery
+// runs the body and commits.
+func txEnded[Tx any](t *testing.T, e *txEnv[Tx]) {
+	if e.endTx == nil {
+		t.Skip("TxHarness.EndTx is nil: a transaction the store ends under the body is not checked")
+	}
+	log := &errorLog{}
+	k, id := e.key(), e.id()
+	var calls atomic.Int32
+	err := e.lockTx(e.b, k, e.long(), false, log, func(ctx context.Context, tx Tx) error {
+		if err := e.write(ctx, tx, id); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			e.endTx(ctx, tx) // swallowed, as a careless body does
+		}
+		return nil
+	})
+	n := e.rows(id)
+	if err == nil {
+		if n != 1 {
+			t.Fatalf("LockTx = nil after the store ended the transaction, but %d rows committed, want 1 (the store's retry)", n)
+		}
+		e.expect(k, store.AlreadyDone)
+		return
+	}
+	if n != 0 {
+		t.Fatalf("LockTx = %v, but %d rows committed", err, n)
+	}
+	if errors.Is(err, idempotency.ErrInProgress) {
+		t.Fatalf("LockTx = %v: a contention, but nobody superseded the claim (the store ended the transaction)", err)
+	}
+	// The redelivery.
+	if err := e.lockTx(e.b, k, e.long(), false, log, func(ctx context.Context, tx Tx) error {
+		return e.write(ctx, tx, id)
+	}); err != nil {
+		t.Fatalf("the redelivery after the store ended the first one's transaction = %v, want it to run the body and commit (a Done mark without the writes?)", err)
+	}
+	e.wantRows(id, 1, "the redelivery")
+}
+
+// superseder is another delivery that takes the key while a body runs,
+// from a goroutine of its own: the body goes on until it answers.
+type superseder struct {
+	won  chan bool
+	next store.Claim
+}
+
+// txSuperseded: a claim superseded while its body runs commits nothing,
+// and the delivery is a contention (ErrInProgress, a 503), never an ack
+// nor a 500; the successor's claim stands and can commit. Without a
+// heartbeat the claim's lease lapses and another delivery claims the
+// key; under a heartbeat, which keeps the lease, an operator releases
+// the claim and another delivery claims the key, the next renewal finds
+// it gone and cancels the body, which returns its context's error. A
+// store with one writer (SQLite) makes the other delivery wait for the
+// commit instead: the first delivery then commits and the other finds
+// the key done, which is right too.
+func txSupersededMidBody[Tx any](t *testing.T, e *txEnv[Tx]) {
+	for _, hb := range []bool{false, true} {
+		t.Run(fmt.Sprintf("heartbeat=%v", hb), func(t *testing.T) {
+			e := *e
+			e.env = &env{t: t, h: e.h, ctx: e.ctx, base: e.base + fmt.Sprint(hb), done: map[string]completion{}}
+			supersede(t, &e, hb)
+		})
+	}
+}
+
+func supersede[Tx any](t *testing.T, e *txEnv[Tx], hb bool) {
+	log := &errorLog{}
+	k, id := e.key(), e.id()
+	lease := e.short()
+	b := e.b
+	if hb {
+		lease = e.long()
+		b = e.renewing()
+	}
+	s := &superseder{won: make(chan bool, 1)}
+	var cancelled atomic.Bool
+	err := e.lockTx(b, k, lease, hb, log, func(ctx context.Context, tx Tx) error {
+		if err := e.write(ctx, tx, id); err != nil {
+			return err
+		}
+		c, _ := idempotency.ClaimFrom(ctx)
+		go func() {
+			bg := context.WithoutCancel(ctx)
+			if hb {
+				if err := e.b.Release(bg, c); err != nil { // idemctl release
+					s.won <- false
+					return
+				}
+			} else {
+				e.pass(lease)
+			}
+			r, err := e.b.Claim(bg, k, e.long())
+			s.next = r.Claim
+			s.won <- err == nil && r.Outcome == store.Won
+		}()
+		select {
+		case won := <-s.won:
+			s.won <- won
+			if !won || !hb {
+				return nil
+			}
+		case <-time.After(mixWait):
+			return nil // the other delivery waits for this one (one writer)
+		}
+		select {
+		case <-ctx.Done():
+			cancelled.Store(true)
+			return ctx.Err()
+		case <-time.After(mixWait):
+			return fmt.Errorf("storetest: the heartbeat did not cancel the body within %v of its claim being taken", mixWait)
+		}
+	})
+	won := <-s.won
+	n := e.rows(id)
+	if !won {
+		// The other delivery could not take the key while the body ran.
+		if err != nil || n != 1 {
+			t.Fatalf("the other delivery did not take the key; LockTx = %v with %d rows, want nil and 1", err, n)
+		}
+		return
+	}
+	var ip *idempotency.InProgressError
+	if !errors.As(err, &ip) || !ip.Superseded {
+		t.Fatalf("LockTx of a claim superseded while its body ran = %v, want an *InProgressError with Superseded (a 503)", err)
+	}
+	if n != 0 {
+		t.Fatalf("a superseded claim's delivery committed %d rows", n)
+	}
+	if hb && !cancelled.Load() {
+		t.Fatal("the heartbeat did not cancel the body of a claim it found lost")
+	}
+	e.noErrors(log, "a superseded delivery (a contention, not a fault)")
+	id2 := e.id()
+	if ok, _, err := e.completeTx(s.next, "", id2); err != nil || !ok {
+		t.Fatalf("the successor's CompleteTx = %v, %v; want true, nil", ok, err)
+	}
+	e.wantRows(id2, 1, "the successor")
+}
+
+// txCommittedLogsNoError: deliveries that commit, under a heartbeat whose
+// renewals land before, during and after the commit, are acked and log
+// nothing at ERROR: a renewal that finds the delivery's own Done mark is
+// not a lost claim, and a commit that landed is not a failure.
+func txCommittedLogsNoError[Tx any](t *testing.T, e *txEnv[Tx]) {
+	r := e.renewing()
+	log := &errorLog{}
+	for i := range 6 {
+		k, id := e.key(), e.id()
+		err := e.lockTx(r, k, e.long(), true, log, func(ctx context.Context, tx Tx) error {
+			if err := e.write(ctx, tx, id); err != nil {
+				return err
+			}
+			// Bodies that end at different points of the heartbeat's
+			// period, so that renewals meet the mark and the commit.
+			if !r.await(ctx, r.started.Load(), 1) {
+				return fmt.Errorf("storetest: no renewal started within %v of the body", mixWait)
+			}
+			time.Sleep(time.Duration(i) * heartbeat / 6)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("delivery %d = %v, want nil", i, err)
+		}
+		e.wantRows(id, 1, "a delivery that committed")
+	}
+	e.noErrors(log, "deliveries that committed")
+}
