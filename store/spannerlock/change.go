@@ -172,12 +172,28 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 // returns the lease it finds stored by that run, or runs again when the
 // row does not hold it. Runs that certainly applied nothing (an aborted
 // transaction, a statement that failed) are run again as any call's.
+//
+// On the emulator (SPANNER_EMULATOR_HOST set when the Backend was built),
+// an Extend of a claim whose [Backend.CompleteTx] is running in this
+// Backend waits until that call returns (or ctx ends: an error) before it
+// begins its transaction: the emulator runs one read-write transaction
+// at a time per database, so the renewal would abort the body's
+// transaction and make the Spanner client run the body again, at every
+// renewal (a body of 350ms under a 100ms heartbeat ran 101 times and
+// never committed). The lease is then not renewed while the body runs;
+// on the emulator any other call on the database aborts the body's
+// transaction anyway. On Spanner the renewal runs at once: it writes only
+// c's row, which the body's transaction does not touch before the Done
+// mark.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
 	}
 	if err := store.ValidateLease(lease); err != nil {
 		return c, err
+	}
+	if err := b.awaitTx(ctx, c); err != nil {
+		return c, fmt.Errorf("spannerlock: extend %q fence %d: waiting for the claim's transaction: %w", c.Key, c.Fence, err)
 	}
 	p := b.params(c)
 	p["lease"] = micros(lease)

@@ -144,7 +144,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
+	"sync"
 	"time"
 
 	"cloud.google.com/go/spanner"
@@ -213,6 +215,15 @@ type Backend struct {
 
 	clientOpts    []option.ClientOption
 	clientOptsSet bool
+
+	// emulator: SPANNER_EMULATOR_HOST was set when the Backend was
+	// built, so its client talks to the emulator, which runs one
+	// read-write transaction at a time per database.
+	emulator bool
+	// inTx holds, for each claim whose CompleteTx is running (on the
+	// emulator only), a channel closed when it returns.
+	inTxMu sync.Mutex
+	inTx   map[txClaim]*txGate
 }
 
 var (
@@ -289,6 +300,7 @@ func configure(opts []Option) (*Backend, error) {
 		return nil, fmt.Errorf("spannerlock: retries %d is negative", b.policy.Retries)
 	}
 	b.policy.Base, b.policy.Max = retryBase, retryMax
+	b.emulator = os.Getenv("SPANNER_EMULATOR_HOST") != ""
 	return b, nil
 }
 
