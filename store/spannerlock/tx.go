@@ -164,7 +164,7 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 					err = panicked
 				}
 			}()
-			return body(ctx, tx)
+			return body(context.WithValue(ctx, inBody{}, true), tx)
 		}()
 		if err != nil {
 			return err
@@ -264,13 +264,22 @@ func (b *Backend) enterTx(c store.Claim) (leave func()) {
 	}
 }
 
+// inBody is the key of a value on a CompleteTx body's context.
+type inBody struct{}
+
 // awaitTx waits, on the emulator, until no CompleteTx of c is running in
-// this Backend, or ctx ends.
+// this Backend, ctx ends (its error), or c's lease expiry passes (a
+// renewal then goes ahead, as one that keeps the claim). It does not
+// wait on a CompleteTx body's own context: the call is then inside the
+// body, which waits for it (and the Spanner client refuses the nested
+// transaction).
 func (b *Backend) awaitTx(ctx context.Context, c store.Claim) error {
-	if !b.emulator {
+	if !b.emulator || ctx.Value(inBody{}) != nil {
 		return nil
 	}
 	id := txClaim{c.Key, c.Token, c.Fence}
+	lapse := time.NewTimer(time.Until(c.LeaseExpiry))
+	defer lapse.Stop()
 	for {
 		b.inTxMu.Lock()
 		g := b.inTx[id]
@@ -280,6 +289,8 @@ func (b *Backend) awaitTx(ctx context.Context, c store.Claim) error {
 		}
 		select {
 		case <-g.done:
+		case <-lapse.C:
+			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}

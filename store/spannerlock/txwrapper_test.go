@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -120,5 +121,33 @@ func TestCompleteTxBodyThatPanicsLeavesNoTransactionOpen(t *testing.T) {
 	}
 	if created += sessions(); created != 0 {
 		t.Fatalf("%d sessions created after the panics", created)
+	}
+}
+
+// A body that renews its own claim on its own context is not held back
+// until its own CompleteTx returns (which waits for the body): the
+// Spanner client refuses the renewal's transaction, nested in the
+// body's, at once, and the delivery still commits. (A wait would never
+// end on a context without a deadline.)
+func TestCompleteTxBodyThatRenewsItsOwnClaimIsRefusedNotHeld(t *testing.T) {
+	e := newTxEnv(t)
+	ctx := t.Context()
+	c := e.claim(t, "renews-itself", time.Minute)
+	var extErr error
+	ok, err := e.b.CompleteTx(ctx, c, "", func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+		if err := effect(ctx, tx, "renews-itself"); err != nil {
+			return err
+		}
+		_, extErr = e.b.Extend(ctx, c, time.Minute)
+		return nil
+	})
+	if !ok || err != nil {
+		t.Fatalf("CompleteTx = %v, %v; want true, nil", ok, err)
+	}
+	if extErr == nil || !strings.Contains(extErr.Error(), "nested") {
+		t.Fatalf("Extend inside the body = %v, want the Spanner client's refusal of a nested transaction", extErr)
+	}
+	if n := effects(t, e.look, "renews-itself"); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
 	}
 }
