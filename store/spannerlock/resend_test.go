@@ -10,6 +10,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 )
 
 // A Claim whose Commit applied but whose reply was lost (Unavailable),
@@ -114,6 +115,16 @@ func TestExtendWhoseResentCommitIsRefusedIsNotRunAgain(t *testing.T) {
 // concurrent one made it forget (no reply lost: nothing applied).
 var notFound = refusal{method: "Commit", code: codes.NotFound, msg: "Transaction not found: 7"}
 
+// won claims key on b for a minute, and fails the test unless it won.
+func won(t *testing.T, b *spannerlock.Backend, key string) store.Result {
+	t.Helper()
+	res, err := b.Claim(t.Context(), key, time.Minute)
+	if err != nil || res.Outcome != store.Won {
+		t.Fatalf("claim %q: %+v %v", key, res, err)
+	}
+	return res
+}
+
 // A Complete whose Commit the emulator answers NotFound (its transaction
 // forgotten, nothing applied, no reply lost), after which the claim is
 // released, answers false: a strong read right after the answer found
@@ -123,10 +134,7 @@ func TestCompleteWhoseTransactionTheEmulatorForgotIsFalseNotUnknown(t *testing.T
 	testsvc.Spanner(t)
 	ctx := t.Context()
 	b, r := newBackend(t, "")
-	res, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || res.Outcome != store.Won {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
+	res := won(t, b, "k")
 	f := notFound
 	f.meanwhile = func() {
 		if err := b.Release(ctx, res.Claim); err != nil {
@@ -143,10 +151,7 @@ func TestCompleteWhoseTransactionTheEmulatorForgotIsFalseNotUnknown(t *testing.T
 	}
 	// And once it is forgotten with the claim still held, the next run
 	// completes it.
-	res, err = b.Claim(ctx, "k2", time.Minute)
-	if err != nil || res.Outcome != store.Won {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
+	res = won(t, b, "k2")
 	f = notFound
 	r.refuse.Store(&f)
 	if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
@@ -162,10 +167,7 @@ func TestExtendWhoseTransactionTheEmulatorForgotRunsAgain(t *testing.T) {
 	testsvc.Spanner(t)
 	ctx := t.Context()
 	b, r := newBackend(t, "")
-	res, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || res.Outcome != store.Won {
-		t.Fatalf("claim: %+v %v", res, err)
-	}
+	res := won(t, b, "k")
 	f := notFound
 	r.refuse.Store(&f)
 	ext, err := b.Extend(ctx, res.Claim, time.Hour)
