@@ -175,9 +175,9 @@ func (b *Backend) Release(ctx context.Context, c store.Claim) error {
 //
 // On the emulator (SPANNER_EMULATOR_HOST set when the Backend was built),
 // an Extend of a claim whose [Backend.CompleteTx] is running in this
-// Backend waits until that call returns (or ctx ends: an error; or the
-// claim's LeaseExpiry passes: it then goes ahead) before it begins its
-// transaction, unless it is called from the body itself (on the body's
+// Backend waits until that call returns (or ctx ends, or the claim's
+// LeaseExpiry passes: an error, not store.ErrLost, and nothing written)
+// before it begins its transaction, unless it is called from the body itself (on the body's
 // context): the emulator runs one read-write transaction
 // at a time per database, so the renewal would abort the body's
 // transaction and make the Spanner client run the body again, at every

@@ -267,12 +267,16 @@ func (b *Backend) enterTx(c store.Claim) (leave func()) {
 // inBody is the key of a value on a CompleteTx body's context.
 type inBody struct{}
 
+// errTxRunning ends an Extend, on the emulator, that waited for its
+// claim's CompleteTx until the claim's lease expiry: running it would
+// abort the body's transaction, and make the body run again.
+var errTxRunning = errors.New("spannerlock: the claim's CompleteTx is still running past the lease, and the emulator would abort its transaction for this renewal's")
+
 // awaitTx waits, on the emulator, until no CompleteTx of c is running in
-// this Backend, ctx ends (its error), or c's lease expiry passes (a
-// renewal then goes ahead, as one that keeps the claim). It does not
-// wait on a CompleteTx body's own context: the call is then inside the
-// body, which waits for it (and the Spanner client refuses the nested
-// transaction).
+// this Backend (nil), ctx ends (its error), or c's lease expiry passes
+// (errTxRunning). It does not wait on a CompleteTx body's own context:
+// the call is then inside the body, which waits for it (and the Spanner
+// client refuses the nested transaction).
 func (b *Backend) awaitTx(ctx context.Context, c store.Claim) error {
 	if !b.emulator || ctx.Value(inBody{}) != nil {
 		return nil
@@ -290,7 +294,7 @@ func (b *Backend) awaitTx(ctx context.Context, c store.Claim) error {
 		select {
 		case <-g.done:
 		case <-lapse.C:
-			return nil
+			return errTxRunning
 		case <-ctx.Done():
 			return ctx.Err()
 		}
