@@ -21,8 +21,9 @@
 // [github.com/gcp-pubsub-idempotency/idempotency/fake] has an in-memory one
 // for tests, and the modules under store/ have Datastore, Redis and SQL
 // ones. [Idempotent] wraps a CloudEvent function in Lock, keyed by the
-// event ([KeyFunc]: [MessageID] by default, [Attribute], [JSONField],
-// [CompositeKey]).
+// event ([KeyFunc]: [DefaultKey], which is [MessageID] for a Pub/Sub
+// message and [EventID] for any other event, or a business key:
+// [Attribute], [JSONField], [CompositeKey]).
 //
 // Without the functions framework, [PushHandler] serves the same guard as a
 // plain [net/http.Handler] for raw push envelopes and CloudEvents, and
@@ -42,8 +43,12 @@
 //	handler returned an error              the error           500    nack, retried
 //	handler's error wraps ErrInProgress    503 result          503    nack, retried later
 //	event has no key                       400 result          400    nack (fail closed)
-//	event data is not a Pub/Sub envelope   400 result          400    nack (fail closed)
+//	data not a Pub/Sub envelope (1)        400 result          400    nack (fail closed)
 //	backend failed to claim                the error           500    nack, retried
+//
+// (1) A Pub/Sub-typed event, or any event under a KeyFunc that reads the
+// Pub/Sub envelope (MessageID, Attribute, JSONField); the default key
+// reads other events' source and id only.
 //
 // A result wraps what the guard decided: errors.Is sees [ErrInProgress],
 // [ErrNoKey] or [ErrMalformedEvent] through it. An unkeyed or malformed

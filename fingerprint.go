@@ -331,7 +331,8 @@ func dataFingerprint(e event.Event) (string, error) {
 // each error, is theirs: then fpDone is false and the caller calls
 // c.fingerprintOf.
 func (c *config) keyAndFingerprint(e event.Event) (key, fp string, fpDone bool, err error) {
-	if c.fingerprint != nil && sameFunc(c.key, messageID) && sameFunc(c.fingerprint, dataFingerprint) {
+	byMessageID := sameFunc(c.key, messageID) || (sameFunc(c.key, defaultKey) && e.Type() == PubSubEventType)
+	if c.fingerprint != nil && byMessageID && sameFunc(c.fingerprint, dataFingerprint) {
 		var w struct {
 			Message *struct {
 				MessageID    string     `json:"messageId"`

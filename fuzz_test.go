@@ -263,7 +263,8 @@ var discard = slog.New(slog.DiscardHandler)
 // store. Whatever the input: no panic; a request PushHandler cannot parse,
 // or a handler that fails or does not run, never gets an ack status; an
 // ack means the handler ran once, succeeded, and its key is Done; a failed
-// run leaves its key released; the key is the event's default key.
+// run leaves its key released; the key is the event's default key (a
+// Pub/Sub message's is its envelope's messageId).
 func FuzzPushHandler(f *testing.F) {
 	for _, s := range seeds(f) {
 		for _, mode := range []uint8{0, 1, 2, 7} {
@@ -320,7 +321,7 @@ func FuzzPushHandler(f *testing.F) {
 			}
 			return
 		}
-		key, err := MessageID()(seen)
+		key, err := DefaultKey()(seen)
 		if err != nil || key == "" {
 			t.Fatalf("the handler ran for an event without a default key (%q, %v)", key, err)
 		}
@@ -332,7 +333,9 @@ func FuzzPushHandler(f *testing.F) {
 		if !ok || rec.State != want || s.Len() != 1 {
 			t.Fatalf("record under the default key %q: %+v (present %v, %d records); want %v", key, rec, ok, s.Len(), want)
 		}
-		if ref, ok := refMessageID(seen.Data()); ok && ref != key {
+		// A Pub/Sub message is keyed by its envelope's messageId; any
+		// other event by its source and id (DefaultKey).
+		if ref, ok := refMessageID(seen.Data()); ok && seen.Type() == PubSubEventType && ref != key {
 			t.Fatalf("the record key %q is not the envelope's messageId %q", key, ref)
 		}
 		_, _ = io.Copy(io.Discard, w.Body)
@@ -415,6 +418,31 @@ func FuzzPushHandlerUnwrapped(f *testing.F) {
 			if _, ok := s.Record(r.Header.Get(PushMessageIDHeader)); !ok || s.Len() != 1 {
 				t.Fatalf("HTTP %d: the record is not under the message id header %q (%d records)", code, r.Header.Get(PushMessageIDHeader), s.Len())
 			}
+		}
+	})
+}
+
+// FuzzEventIDIsInjective: EventID never gives two different (source, id)
+// pairs one key, so that a different event is never acked as a duplicate.
+func FuzzEventIDIsInjective(f *testing.F) {
+	f.Add("a|b", "c", "a", "b|c")
+	f.Add(`a\`, "|c", `a\|`, "c")
+	f.Add("//storage.googleapis.com/projects/_/buckets/b", "1", "//storage.googleapis.com/projects/_/buckets/b", "2")
+	f.Fuzz(func(t *testing.T, s1, id1, s2, id2 string) {
+		e1, e2 := event.New(), event.New()
+		e1.SetType("com.example.v1")
+		e2.SetType("com.example.v1")
+		e1.SetSource(s1)
+		e1.SetID(id1)
+		e2.SetSource(s2)
+		e2.SetID(id2)
+		k1, err1 := eventID(e1)
+		k2, err2 := eventID(e2)
+		if err1 != nil || err2 != nil || k1 == "" || k2 == "" {
+			return
+		}
+		if same := e1.Source() == e2.Source() && e1.ID() == e2.ID(); (k1 == k2) != same {
+			t.Fatalf("(%q, %q) and (%q, %q): keys %q and %q", e1.Source(), e1.ID(), e2.Source(), e2.ID(), k1, k2)
 		}
 	})
 }

@@ -112,7 +112,8 @@ func TestHTTPContentionIsAQuiet503WithTheDeliveryAttempt(t *testing.T) {
 func TestHTTPUnkeyedFailsClosedUnlessAllowed(t *testing.T) {
 	s, _ := newStore(t)
 	h := &counting{}
-	serve(t, idempotency.Idempotent(s)(h.handle))
+	byPO := idempotency.WithKey(idempotency.Attribute("po_id"))
+	serve(t, idempotency.Idempotent(s, byPO)(h.handle))
 	code, _ := post(t, "unkeyed")
 	if code != http.StatusBadRequest || !errors.Is(returned(), idempotency.ErrNoKey) {
 		t.Fatalf("unkeyed: %d %v, want 400 (a nack) and ErrNoKey", code, returned())
@@ -121,7 +122,7 @@ func TestHTTPUnkeyedFailsClosedUnlessAllowed(t *testing.T) {
 		t.Fatalf("runs=%d records=%d, want none", h.runs(), s.Len())
 	}
 	l, logger := newLogs()
-	serve(t, idempotency.Idempotent(s, idempotency.AllowUnguarded(), idempotency.WithLogger(logger))(h.handle))
+	serve(t, idempotency.Idempotent(s, byPO, idempotency.AllowUnguarded(), idempotency.WithLogger(logger))(h.handle))
 	if code, body := post(t, "unkeyed"); code != http.StatusOK {
 		t.Fatalf("unkeyed with AllowUnguarded: %d %s", code, body)
 	}

@@ -33,10 +33,54 @@ import (
 // publishing the same thing twice.
 type KeyFunc func(e event.Event) (string, error)
 
-// MessageID keys an event by its Pub/Sub messageId (see [ParsePubSub]). It
-// is [Idempotent]'s default.
+// MessageID keys an event by its Pub/Sub messageId (see [ParsePubSub]).
+// It reads only Pub/Sub messages: any other event's data is refused as
+// malformed ([ErrMalformedEvent], a 400). [DefaultKey], Idempotent's
+// default, uses it for Pub/Sub messages and [EventID] for other events.
 func MessageID() KeyFunc {
 	return messageID
+}
+
+// EventID keys an event by its CloudEvents source and id: the
+// CloudEvents specification makes that pair unique to each distinct
+// event, so two events with the same source and id are deliveries of one
+// event (Eventarc's retries of a Cloud Storage, Firestore or Audit Log
+// event keep both). The key is the source and the id joined as
+// [CompositeKey] joins its parts: "//storage.googleapis.com/projects/_/
+// buckets/b|1234" for source "//storage.googleapis.com/projects/_/buckets/b"
+// and id "1234", with a backslash or a [CompositeKeySeparator] inside
+// either escaped, so that no two pairs are one key. An event without an
+// id is unkeyed, and so is the event [PushHandler] makes of a push that
+// carries no message id (its id is a placeholder). Unlike [MessageID] it
+// reads no data: it keys any event.
+func EventID() KeyFunc {
+	return eventID
+}
+
+// eventID is EventID's KeyFunc. The event PushHandler makes of a push
+// that carries no message id has a placeholder id, shared by every such
+// push: it is unkeyed, never keyed by that id.
+func eventID(e event.Event) (string, error) {
+	if e.ID() == "" || e.Type() == unidentifiedPushType {
+		return "", nil
+	}
+	return checkedKey(joinKeyParts([]string{e.Source(), e.ID()}), "the event's source and id", e)
+}
+
+// DefaultKey is [Idempotent]'s default KeyFunc: [MessageID] for a Pub/Sub
+// message (an event of [PubSubEventType], as Eventarc and the push
+// handler deliver them), and [EventID] for any other event, such as an
+// Eventarc event of Cloud Storage, Firestore or Cloud Audit Logs.
+func DefaultKey() KeyFunc {
+	return defaultKey
+}
+
+// defaultKey is DefaultKey's KeyFunc.
+func defaultKey(e event.Event) (string, error) {
+	if e.Type() != PubSubEventType {
+		return eventID(e)
+	}
+	return messageID(e)
 }
 
 // messageID decodes only the ids, with encoding/json: the payload and the

@@ -46,6 +46,52 @@ func TestMessageIDResolutionOrder(t *testing.T) {
 	}
 }
 
+// EventID keys any event by its source and id, joined as CompositeKey
+// joins its parts; DefaultKey is MessageID for a Pub/Sub message and
+// EventID for any other event. Neither keys an event without an id, nor
+// PushHandler's event of a push without a message id (whose id is a
+// placeholder shared by every such push: keyed by it, they would all be
+// one key, and every one after the first acked unrun).
+func TestEventIDAndDefaultKey(t *testing.T) {
+	ev := func(typ, source, id string) cloudevents.Event {
+		e := pubsubEvent(t, "x", map[string]any{"messageId": "m-1"})
+		e.SetType(typ)
+		e.SetSource(source)
+		e.SetID(id)
+		return e
+	}
+	const storage = "google.cloud.storage.object.v1.finalized"
+	for _, c := range []struct {
+		name              string
+		e                 cloudevents.Event
+		eventID, defaultK string
+	}{
+		{"a Cloud Storage event", ev(storage, "//storage.googleapis.com/projects/_/buckets/b", "123"),
+			"//storage.googleapis.com/projects/_/buckets/b|123", "//storage.googleapis.com/projects/_/buckets/b|123"},
+		{"a Pub/Sub message: DefaultKey takes its messageId", ev(idempotency.PubSubEventType, "//pubsub.googleapis.com/projects/p/topics/t", "ce-1"),
+			"//pubsub.googleapis.com/projects/p/topics/t|ce-1", "m-1"},
+		{"the SDK's form of the source (a URI reference, percent-encoded)", ev(storage, "a|b", "c"), "a%7Cb|c", "a%7Cb|c"},
+		{"a separator in the id", ev(storage, "a", "b|c"), `a|b\|c`, `a|b\|c`},
+		{"a backslash in the id", ev(storage, "a", `b\`), `a|b\\`, `a|b\\`},
+		{"PushHandler's placeholder for a push without a message id", ev("io.github.gcp-pubsub-idempotency.push.unidentified", "//pubsub.googleapis.com/s", "unidentified"), "", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if k, err := idempotency.EventID()(c.e); err != nil || k != c.eventID {
+				t.Fatalf("EventID = %q, %v; want %q", k, err, c.eventID)
+			}
+			if k, err := idempotency.DefaultKey()(c.e); err != nil || k != c.defaultK {
+				t.Fatalf("DefaultKey = %q, %v; want %q", k, err, c.defaultK)
+			}
+		})
+	}
+	// A source and id too long for the port: refused as the other
+	// KeyFuncs refuse theirs, and stored hashed with WithHashedKeys.
+	long := ev(storage, "//storage.googleapis.com/"+strings.Repeat("b", store.MaxKeyLen), "1")
+	if _, err := idempotency.EventID()(long); !errors.Is(err, store.ErrInvalidKey) || !strings.Contains(err.Error(), "WithHashedKeys") {
+		t.Fatalf("EventID of an overlong source = %v, want ErrInvalidKey naming WithHashedKeys", err)
+	}
+}
+
 func TestAttributeKey(t *testing.T) {
 	e := pubsubEvent(t, "1", map[string]any{"messageId": "1", "attributes": map[string]string{"po_id": "PO-7"}})
 	if k, err := idempotency.Attribute("po_id")(e); k != "PO-7" || err != nil {
@@ -253,6 +299,7 @@ func FuzzHashedKeys(f *testing.F) {
 // The refusals of unkeyed, non-Pub/Sub and unstorable events name the
 // option that fixes them.
 func TestKeyErrorsNameTheOptionThatFixesThem(t *testing.T) {
+	byMessageID := []idempotency.Option{idempotency.WithKey(idempotency.MessageID())}
 	other := pubsubEvent(t, "e-1", map[string]any{"messageId": "m"})
 	other.SetType("com.example.order.v1")
 	other.SetData(cloudevents.ApplicationJSON, map[string]any{"order": map[string]any{"id": "PO-1"}})
@@ -268,9 +315,9 @@ func TestKeyErrorsNameTheOptionThatFixesThem(t *testing.T) {
 		{"unkeyed Pub/Sub message", pubsubEvent(t, "m", map[string]any{"messageId": "m"}),
 			[]idempotency.Option{idempotency.WithKey(idempotency.Attribute("k"))}, idempotency.ErrNoKey,
 			[]string{"WithKey(JSONField(...))", "WithKey(Attribute(...))", "AllowUnguarded"}},
-		{"non-Pub/Sub event under the default key", other, nil, idempotency.ErrMalformedEvent,
+		{"non-Pub/Sub event under MessageID", other, byMessageID, idempotency.ErrMalformedEvent,
 			[]string{"not a Pub/Sub message", "WithKey"}},
-		{"non-Pub/Sub event with a message object", otherWithMessage, nil, idempotency.ErrNoKey,
+		{"non-Pub/Sub event with a message object under MessageID", otherWithMessage, byMessageID, idempotency.ErrNoKey,
 			[]string{"not a Pub/Sub message", "WithKey(JSONField(...))", "AllowUnguarded"}},
 		{"key over MaxKeyLen", pubsubEvent(t, "m", map[string]any{"messageId": strings.Repeat("m", 2000)}), nil,
 			store.ErrInvalidKey, []string{"WithHashedKeys"}},

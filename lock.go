@@ -360,7 +360,7 @@ func (d *delivery) hold(ctx context.Context, tr *tracker, c store.Claim, body bo
 		settled = true
 		stopHeartbeat()
 		tr.bodyEnded(r.bodyErr)
-		return d.settleTx(ctx, tr, c, hb.wasLost(), r)
+		return d.settleTx(ctx, tr, c, hb.cutBody(), r)
 	}
 	ferr := body.fn(tr.body(&claimCtx{Context: bodyCtx, claim: c}))
 	stopHeartbeat() // from here on c is the latest renewal's claim
@@ -457,8 +457,9 @@ type beat struct {
 	// the store may run it again).
 	inBody atomic.Bool
 	// lost is set, by the renewing goroutine, once a renewal found the
-	// claim lost (store.ErrLost).
-	lost atomic.Bool
+	// claim lost (store.ErrLost); cut once that cancelled a running body
+	// (under Lock and Mutex, always).
+	lost, cut atomic.Bool
 }
 
 // lose acts on a renewal of claim that answered err, wrapping
@@ -475,10 +476,12 @@ func (h *beat) lose(ctx context.Context, cfg *lockConfig, claim store.Claim, err
 	cause := fmt.Errorf("idempotency: lease renewal: %w", err)
 	if h.tx {
 		if h.inBody.Load() {
+			h.cut.Store(true)
 			h.cancel(cause)
 		}
 		return
 	}
+	h.cut.Store(true)
 	cfg.log().ErrorContext(ctx, "idempotency: the claim was lost while the work ran (another delivery took the key); cancelling the work",
 		"key", claim.Key, "fence", claim.Fence, "error", err)
 	h.cancel(cause)
@@ -492,6 +495,7 @@ func (h *beat) enter() {
 	}
 	h.inBody.Store(true)
 	if h.lost.Load() {
+		h.cut.Store(true)
 		h.cancel(fmt.Errorf("idempotency: lease renewal: %w", store.ErrLost))
 	}
 }
@@ -503,9 +507,13 @@ func (h *beat) leave() {
 	}
 }
 
-// wasLost reports whether a renewal found the claim lost; read it after
-// the heartbeat stopped.
-func (h *beat) wasLost() bool { return h != nil && h.lost.Load() }
+// cutBody reports whether a renewal found the claim lost while the body
+// ran, and cancelled it; read it after the heartbeat stopped. A loss
+// found after a transactional body returned is not counted: the
+// transaction's own outcome tells what happened then (the commit's own
+// mark, a commit that failed and was settled by releasing the claim, or
+// a claim superseded before the mark, which the mark then refuses).
+func (h *beat) cutBody() bool { return h != nil && h.cut.Load() }
 
 // heartbeat renews *c every cfg.heartbeat until the returned stop is
 // called (stop waits for the renewing goroutine, after which *c holds the

@@ -76,7 +76,7 @@ type config struct {
 
 // newConfig returns the defaults with opts applied, in order.
 func newConfig(opts []Option) config {
-	cfg := config{lock: newLockConfig(), key: MessageID(), fingerprint: defaultFingerprint}
+	cfg := config{lock: newLockConfig(), key: DefaultKey(), fingerprint: defaultFingerprint}
 	for _, o := range opts {
 		o.applyIdempotent(&cfg)
 	}
@@ -171,7 +171,8 @@ func (f lockOption) applyLock(c *lockConfig)   { f(c) }
 func (f lockOption) applyIdempotent(c *config) { f(&c.lock) }
 
 // WithKey sets how [Idempotent] finds an event's key. The default is
-// [MessageID]().
+// [DefaultKey](): the messageId of a Pub/Sub message, the source and id
+// of any other event.
 func WithKey(f KeyFunc) Option {
 	return option(func(c *config) { c.key = f })
 }

@@ -98,17 +98,37 @@ func TestPushHandlerContentTypeAndEmptyBody(t *testing.T) {
 	}
 }
 
-func TestPushHandlerNonPubSubEventUnderTheDefaultKey(t *testing.T) {
+// An Eventarc event that is not a Pub/Sub message (a Cloud Storage event
+// to a Cloud Run service) is keyed by its source and id under the default
+// key: the first delivery runs, a redelivery is acked unrun. Before the
+// default keyed such events, they were refused with 400.
+func TestPushHandlerKeysANonPubSubEventBySourceAndID(t *testing.T) {
 	s, _ := newStore(t)
 	h := &counting{}
 	l, logger := newLogs()
 	srv := httptest.NewServer(idempotency.PushHandler(s, h.handle, idempotency.WithLogger(logger)))
 	defer srv.Close()
-	if code := pushTo(t, srv.URL, "unkeyed"); code != http.StatusBadRequest || h.runs() != 0 || s.Len() != 0 {
-		t.Fatalf("HTTP %d, runs %d, records %d; want 400, none, none", code, h.runs(), s.Len())
+	for i := range 2 {
+		if code := pushTo(t, srv.URL, "eventarc_storage"); code != http.StatusNoContent {
+			t.Fatalf("delivery %d: HTTP %d, want 204", i+1, code)
+		}
 	}
-	if len(l.find(t, "ERROR", "nacking")) != 1 {
-		t.Fatalf("logs %v, want one error", l.records(t))
+	if h.runs() != 1 {
+		t.Fatalf("runs %d, want 1", h.runs())
+	}
+	if rec, ok := s.Record(storageEventKey); !ok || rec.State != store.Done {
+		t.Fatalf("record %q: %+v %v, want done", storageEventKey, rec, ok)
+	}
+	if len(l.find(t, "INFO", "duplicate delivery acknowledged")) != 1 {
+		t.Fatalf("logs %v, want one duplicate", l.records(t))
+	}
+	// The same event under MessageID, which reads only Pub/Sub messages:
+	// refused as malformed, nothing run or stored.
+	s2, _ := newStore(t)
+	srv2 := httptest.NewServer(idempotency.PushHandler(s2, h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.MessageID())))
+	defer srv2.Close()
+	if code := pushTo(t, srv2.URL, "eventarc_storage"); code != http.StatusBadRequest || h.runs() != 1 || s2.Len() != 0 {
+		t.Fatalf("under MessageID: HTTP %d, runs %d, records %d; want 400, no new run, none", code, h.runs(), s2.Len())
 	}
 }
 

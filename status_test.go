@@ -264,6 +264,7 @@ func TestFrameworkAndPushHandlerAnswerTheSameStatus(t *testing.T) {
 		want     int // through the framework; PushHandler answers 204 for a 200
 		runs     int
 		is       error // what the returned error must wrap, if anything
+		opts     []idempotency.Option
 	}{
 		{name: "won, handler ok", fixture: "eventarc_binary", handler: ok, want: 200, runs: 1},
 		{name: "won, handler ok, raw push", fixture: "push_raw", handler: ok, want: 200, runs: 1},
@@ -277,13 +278,16 @@ func TestFrameworkAndPushHandlerAnswerTheSameStatus(t *testing.T) {
 		{name: "handler error with an ack status", fixture: "eventarc_binary", handler: fail(cehttp.NewResult(202, "accepted")), want: 500, runs: 1},
 		{name: "handler error wrapping ErrInProgress", fixture: "eventarc_binary", want: 503, runs: 1, is: idempotency.ErrInProgress,
 			handler: fail(fmt.Errorf("inner: %w", &idempotency.InProgressError{Key: "po:PO-1"}))},
-		{name: "no key", fixture: "unkeyed", handler: ok, want: 400, is: idempotency.ErrNoKey},
+		{name: "no key", fixture: "unkeyed", handler: ok, want: 400, is: idempotency.ErrNoKey, opts: byPO},
+		{name: "won, handler ok, an Eventarc event of Cloud Storage", fixture: "eventarc_storage", handler: ok, want: 200, runs: 1},
+		{name: "duplicate of an Eventarc event of Cloud Storage", fixture: "eventarc_storage", handler: ok, want: 200,
+			setup: func(t *testing.T, s *fake.Store) { completeSubKey(t, s, storageEventKey) }},
 		{name: "malformed", fixture: "malformed", handler: ok, want: 400, is: idempotency.ErrMalformedEvent},
 		{name: "backend error", fixture: "eventarc_binary", handler: ok, want: 500,
 			setup: func(t *testing.T, s *fake.Store) { s.FailNext(fake.OpClaim, errors.New("connection refused")) }},
 		{name: "disabled switch on, handler ok", fixture: "eventarc_binary", disabled: true, handler: ok, want: 200, runs: 1},
 		{name: "disabled switch on, handler error", fixture: "eventarc_binary", disabled: true, handler: fail(errors.New("boom")), want: 500, runs: 1},
-		{name: "disabled switch on, unkeyed", fixture: "unkeyed", disabled: true, handler: ok, want: 200, runs: 1},
+		{name: "disabled switch on, unkeyed", fixture: "unkeyed", disabled: true, handler: ok, want: 200, runs: 1, opts: byPO},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -296,7 +300,7 @@ func TestFrameworkAndPushHandlerAnswerTheSameStatus(t *testing.T) {
 				if c.setup != nil {
 					c.setup(t, s)
 				}
-				return s, &counting{}, []idempotency.Option{idempotency.WithLogger(newDiscard())}
+				return s, &counting{}, append([]idempotency.Option{idempotency.WithLogger(newDiscard())}, c.opts...)
 			}
 			handler := func(h *counting) idempotency.CloudEventFunc {
 				return func(ctx context.Context, e cloudevents.Event) error {
@@ -343,7 +347,7 @@ func TestHandlerErrorWrappingErrInProgressIsA503EvenUnguarded(t *testing.T) {
 		fixture  string
 		opts     []idempotency.Option
 	}{
-		{name: "AllowUnguarded, unkeyed", fixture: "unkeyed", opts: []idempotency.Option{idempotency.AllowUnguarded()}},
+		{name: "AllowUnguarded, unkeyed", fixture: "unkeyed", opts: append(byPO, idempotency.AllowUnguarded())},
 		{name: "disable switch", disabled: true, fixture: "eventarc_binary"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -375,3 +379,10 @@ func TestHandlerErrorWrappingErrInProgressIsA503EvenUnguarded(t *testing.T) {
 		})
 	}
 }
+
+// byPO keys by the po_id attribute, which the unkeyed fixture lacks.
+var byPO = []idempotency.Option{idempotency.WithKey(idempotency.Attribute("po_id"))}
+
+// storageEventKey is the default key of the eventarc_storage fixture: its
+// source and id.
+const storageEventKey = "//storage.googleapis.com/projects/_/buckets/invoices-inbox|7340129356201465"

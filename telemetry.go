@@ -533,6 +533,15 @@ func (t *tracker) settled(ctx context.Context, done bool, err error) {
 	t.endChild(err)
 }
 
+// superseded ends the settle span of a LockTx whose claim was superseded
+// before its transaction committed: fenced out, like a Complete that
+// found the claim replaced, whatever the body returned (under a
+// heartbeat, its cancelled context's error).
+func (t *tracker) superseded(ctx context.Context) {
+	t.bodyErr = nil
+	t.settled(ctx, false, nil)
+}
+
 // errFencedOut is what the complete span records for a claim that was
 // fenced out.
 var errFencedOut = errors.New("idempotency: the claim was fenced out: its lease lapsed and another delivery claimed the key, or it was released, before the work was marked done")

@@ -154,10 +154,10 @@ func txOf[Tx any](b store.TxCompleter[Tx], fn func(ctx context.Context, tx Tx) e
 
 // settleTx maps what became of the transactional body under claim c to
 // LockTx's answer, releasing c where the transaction did not commit and c
-// may still be this delivery's. lost reports that a renewal found the
-// claim gone: superseded, unless the transaction committed (the renewal
-// then found the commit's own mark).
-func (d *delivery) settleTx(ctx context.Context, tr *tracker, c store.Claim, lost bool, r txResult) error {
+// may still be this delivery's. cut reports that a renewal found the
+// claim gone while the body ran, and cancelled it: superseded, unless the
+// transaction committed all the same.
+func (d *delivery) settleTx(ctx context.Context, tr *tracker, c store.Claim, cut bool, r txResult) error {
 	key, log := d.key, d.cfg.log()
 	switch {
 	case r.err == nil && r.done:
@@ -167,14 +167,14 @@ func (d *delivery) settleTx(ctx context.Context, tr *tracker, c store.Claim, los
 	case errors.Is(r.err, store.ErrCommitUnknown):
 		// Said below, whatever the heartbeat saw: the commit may have
 		// landed.
-	case lost || (r.err == nil && (!r.ran || r.bodyErr == nil)):
+	case cut || (r.err == nil && (!r.ran || r.bodyErr == nil)):
 		// Superseded: by the lease lapsing and another delivery claiming
 		// the key, or by a release (an operator's). The mark did not
 		// match (false, nil), or, under a heartbeat, the body was
 		// cancelled when a renewal found the claim gone. Nothing
 		// committed, and the key is not this delivery's to release.
 		tr.settling(ctx, opComplete)
-		tr.settled(ctx, false, nil)
+		tr.superseded(ctx)
 		log.WarnContext(ctx, "idempotency: the claim was superseded before the transaction committed (its lease lapsed and another delivery claimed the key, or it was released); rolled back, nothing committed; nacking",
 			"key", key, "fence", c.Fence, "lease_expiry", c.LeaseExpiry, "heartbeat", d.cfg.heartbeat > 0)
 		ip := &InProgressError{Key: key, Superseded: true}

@@ -1,7 +1,10 @@
 package sqllock
 
 import (
+	"database/sql"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
@@ -53,4 +56,29 @@ func (d Dialect) sql() *dialect.SQL {
 		return dialect.SQLite()
 	}
 	return nil
+}
+
+// isolationLevels returns the isolation levels d's engine has, besides
+// sql.LevelDefault: PostgreSQL's and MySQL's four SQL levels (PostgreSQL
+// runs READ UNCOMMITTED as READ COMMITTED), and SQLite's one, whose
+// transactions are serializable.
+func (d Dialect) isolationLevels() []sql.IsolationLevel {
+	if d == SQLite {
+		return []sql.IsolationLevel{sql.LevelSerializable}
+	}
+	return []sql.IsolationLevel{sql.LevelReadUncommitted, sql.LevelReadCommitted, sql.LevelRepeatableRead, sql.LevelSerializable}
+}
+
+// checkIsolation fails when d's engine has no isolation level l.
+func (d Dialect) checkIsolation(l sql.IsolationLevel) error {
+	levels := d.isolationLevels()
+	if l == sql.LevelDefault || slices.Contains(levels, l) {
+		return nil
+	}
+	names := make([]string, len(levels))
+	for i, v := range levels {
+		names[i] = v.String()
+	}
+	return fmt.Errorf("sqllock: WithTxOptions: isolation level %v: %v has no such level, and every transaction of CompleteTx would fail "+
+		"or run at another level (use Default, or one of: %s)", l, d, strings.Join(names, ", "))
 }

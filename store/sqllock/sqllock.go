@@ -14,12 +14,13 @@
 //	SQLite      1 / 2 / 1                         1          1
 //	MySQL       1 / 2 / 3                         1 (2 if repeated)   1
 //
-// CompleteTx adds, to the body's own statements, a begin, one UPDATE and
-// the commit on PostgreSQL; SQLite adds a write that takes its write lock
-// first; MariaDB three round trips more (bounding the commit's wait and
-// putting the bound back, and a ROLLBACK after the COMMIT it sends as a
-// statement), MySQL 8 two (a check that the transaction is still open,
-// and that ROLLBACK). See CompleteTx.
+// CompleteTx adds, to the body's own statements, a begin, the
+// transaction's marker, one UPDATE and the commit on PostgreSQL; SQLite
+// adds a write that takes its write lock first; MariaDB three round trips
+// more (bounding the commit's wait and putting the bound back, and a
+// ROLLBACK after the COMMIT it sends as a statement), MySQL 8 two (a
+// check that the transaction is still open, and that ROLLBACK). See
+// CompleteTx.
 //
 // The operations (store.Operator) take, on every engine: Inspect one round
 // trip, List one per page (reading at most the page's limit of rows: see
@@ -52,6 +53,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"strconv"
 	"strings"
@@ -93,6 +95,11 @@ func WithTTL(ttl time.Duration) Option { return func(b *Backend) { b.ttl = ttl }
 // Default 3; negative makes New fail.
 func WithRetries(n int) Option { return func(b *Backend) { b.retries = n } }
 
+// WithLogger sets where CompleteTx logs, at warning level, a body whose
+// transaction committed before its end (see CompleteTx). Default
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.logger = l } }
+
 // Backend is a store.Backend on a SQL table. It is safe for concurrent use.
 type Backend struct {
 	db      *sql.DB
@@ -100,11 +107,15 @@ type Backend struct {
 	ttl     time.Duration
 	retries int
 	txOpts  *sql.TxOptions
+	logger  *slog.Logger
 	d       Dialect
 	q       dialect.Statements
 	backoff retry.Policy
 	// probe is the arguments of q.HasFingerprint.
 	probe []any
+
+	// txConns counts the connections CompleteTx's transactions hold now.
+	txConns atomic.Int64
 
 	// mysqlServer is the server behind the MySQL dialect (serverUnknown
 	// until CompleteTx's first call finds it out).
@@ -135,6 +146,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	if db == nil {
 		return nil, errors.New("sqllock: nil *sql.DB")
 	}
+	if b.logger == nil {
+		b.logger = slog.Default()
+	}
 	sq := d.sql()
 	if sq == nil {
 		return nil, fmt.Errorf("sqllock: %v is not a dialect (use sqllock.Postgres, sqllock.MySQL or sqllock.SQLite)", d)
@@ -156,6 +170,11 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	}
 	if b.txOpts != nil && b.txOpts.ReadOnly {
 		return nil, errors.New("sqllock: WithTxOptions: a read-only transaction cannot hold the Done mark")
+	}
+	if b.txOpts != nil {
+		if err := d.checkIsolation(b.txOpts.Isolation); err != nil {
+			return nil, err
+		}
 	}
 	b.d = d
 	b.q = sq.Render(b.table)
@@ -737,14 +756,40 @@ func (b *Backend) release(ctx context.Context, k []byte, c store.Claim) error {
 	})
 }
 
+// renewable fails when the pool may open one connection
+// (sql.DB.SetMaxOpenConns(1)) and a transaction of CompleteTx holds it: a
+// renewal would wait for that transaction to end, and the lease it renews
+// is that transaction's own (WithHeartbeat). On a larger pool a renewal
+// waits for a connection, which another delivery's end frees.
+func (b *Backend) renewable(c store.Claim) error {
+	if b.txConns.Load() == 0 || b.db.Stats().MaxOpenConnections != 1 {
+		return nil
+	}
+	return fmt.Errorf("sqllock: extend %q fence %d: cannot renew the lease now: the pool's only connection (SetMaxOpenConns(1)) "+
+		"is held by a transaction of CompleteTx (under WithHeartbeat, the body's own), and a renewal needs another; "+
+		"allow the pool more connections than there are transactional deliveries at once, or keep the body within its lease", c.Key, c.Fence)
+}
+
 // Extend implements store.Extender. It renews the lease at most once per
 // call: after an attempt whose outcome is unknown it returns an error
 // rather than sending the renewal again (see WithRetries).
+//
+// On a pool of one connection (sql.DB.SetMaxOpenConns(1)) it fails at
+// once, renewing nothing, while a CompleteTx transaction of the backend
+// holds that connection: a renewal would wait for the transaction to end.
+// Under idempotency.WithHeartbeat that is every renewal while the body
+// runs: the heartbeat logs the error and tries again at its next tick,
+// the body's commit is not held up, and the lease is not renewed. Give
+// such a pool more connections than there are transactional deliveries
+// at once. On a larger pool a renewal waits for a free connection.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
 	}
 	if err := store.ValidateLease(lease); err != nil {
+		return c, err
+	}
+	if err := b.renewable(c); err != nil {
 		return c, err
 	}
 	k := []byte(c.Key)

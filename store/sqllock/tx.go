@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -22,7 +24,13 @@ var _ store.TxBackend[*sql.Tx] = (*Backend)(nil)
 // defaults (READ COMMITTED on PostgreSQL, REPEATABLE READ on MySQL and
 // MariaDB, a deferred transaction on SQLite, which CompleteTx then turns
 // into a writing one at once). ReadOnly makes New fail, as the Done mark
-// is a write. The other verbs run single statements and do not use them.
+// is a write, and so does an isolation level the engine does not have
+// (which its driver would refuse at every transaction's begin, or run at
+// another level): PostgreSQL and MySQL take sql.LevelReadUncommitted,
+// LevelReadCommitted, LevelRepeatableRead and LevelSerializable, SQLite
+// only LevelSerializable (all its transactions are); LevelSnapshot,
+// LevelWriteCommitted and LevelLinearizable none. The other verbs run
+// single statements and do not use them.
 //
 // Snapshot isolation and WithHeartbeat do not mix: at REPEATABLE READ or
 // SERIALIZABLE on PostgreSQL, and on MariaDB with
@@ -96,19 +104,52 @@ const SettleTimeout = 30 * time.Second
 // attempt (see WithTxOptions).
 //
 // Body must return every error a statement on tx returned (wrapped or
-// not), and must leave the transaction open. A failed statement may have
-// ended the whole transaction on the server: MySQL and MariaDB roll it
-// back on a deadlock (1213) and carry on outside any transaction,
-// PostgreSQL aborts it on any error. A body that swallows such an error
-// would have the Done mark commit without its earlier writes; CompleteTx
-// checks, before the mark, that the transaction is still open (MariaDB:
-// @@in_transaction, read in the UPDATE itself, and again when it matches
-// no row; MySQL 8, which lacks it: SET TRANSACTION READ WRITE, which the
-// server refuses with error 1568 inside a transaction; PostgreSQL: the
-// aborted transaction refuses the UPDATE), and if it is not, rolls back
-// and returns an error, nothing marked. A body that commits or rolls back
-// tx itself makes the next statement fail with sql.ErrTxDone (and if it
-// committed, its writes exist without the mark).
+// not), and must leave the transaction open. Some statements and
+// failures end the whole transaction under body, and the statements
+// after them run outside it: PostgreSQL aborts it on any failed
+// statement; MySQL and MariaDB roll it back on a deadlock (1213) or an
+// explicit ROLLBACK, and commit it implicitly on DDL (CREATE TABLE IF NOT
+// EXISTS, ALTER TABLE, ...), LOCK TABLES or COMMIT; SQLite rolls it back
+// when a writing statement is interrupted because its context ended, on
+// INSERT OR ROLLBACK hitting a constraint, SQLITE_FULL or SQLITE_IOERR.
+// CompleteTx never lets the Done mark commit on its own after such an
+// end, whatever body returns: at the transaction's start it writes a
+// marker, a number no earlier transaction of the process used, that a
+// rollback takes away (PostgreSQL: the transaction-local setting
+// sqllock.tx_marker; MySQL, MariaDB and SQLite: a row in the
+// connection's TEMP table sqllock_tx_marker, which the first CompleteTx
+// on a connection creates; on MySQL and MariaDB that needs the CREATE
+// TEMPORARY TABLES privilege), and the mark's UPDATE requires it (on
+// MariaDB also @@in_transaction = 1; MySQL 8, which lacks it, is checked
+// with SET TRANSACTION READ WRITE, refused inside a transaction). After
+// body:
+//
+//   - Rolled back (or aborted): nothing is marked, and the error says
+//     that body's writes were rolled back and nothing committed.
+//   - Committed before its end (MySQL and MariaDB: an implicit commit,
+//     told from a rollback by the marker, which a commit keeps): body's
+//     writes before that statement committed with it, and each one after
+//     it committed on its own. The key is marked done now, with the plain
+//     fenced mark outside any transaction, a warning is logged
+//     (WithLogger), and CompleteTx answers true: a redelivery is a
+//     duplicate rather than writing them again. A crash between the
+//     implicit commit and that mark leaves the writes without the mark
+//     (the redelivery writes them again), so keep such statements out of
+//     body. If the claim was lost by then, nothing is marked and the
+//     error says that the writes exist. On SQLite a COMMIT statement of
+//     body leaves the marker committed, and the mark commits on its own
+//     right after: true, with the warning.
+//   - Body returned an error after its transaction committed implicitly
+//     (MySQL, MariaDB): the error wraps body's and says so (the writes
+//     before that statement exist, the record stays Claimed by c), and
+//     the transaction is not run again, even for a deadlock.
+//   - A ROLLBACK or COMMIT statement of body on PostgreSQL: nothing is
+//     marked, an error (after a COMMIT, the writes before it exist
+//     without the mark).
+//
+// A body that calls tx.Commit or tx.Rollback itself makes the next
+// statement fail with sql.ErrTxDone, and CompleteTx returns an error (if
+// body committed, its writes exist without the mark).
 //
 // ctx governs the transaction: a ctx that ends before the commit rolls it
 // back (database/sql does), and a ctx that ends during the commit ends
@@ -163,13 +204,16 @@ const SettleTimeout = 30 * time.Second
 //     its undo history; SQLite blocks every other writer. Keep body to
 //     the writes that must commit with the mark.
 //
-// Round trips, besides body's statements: PostgreSQL: begin, the UPDATE,
-// the commit. SQLite (in process): begin, the write that takes the lock,
-// the UPDATE, the commit. MariaDB: begin, setting the commit's bound, the
-// UPDATE, the COMMIT, the ROLLBACK that ends tx, putting the bound back
-// (and, once per Backend, a SELECT @@in_transaction that tells MariaDB
-// from MySQL). MySQL 8: begin, the check that the transaction is open,
-// the UPDATE, the COMMIT, the ROLLBACK.
+// Round trips, besides body's statements: PostgreSQL: begin, the
+// marker, the UPDATE, the commit. SQLite (in process): begin, the write
+// that takes the lock, the marker, the UPDATE (compiled on each call: it
+// names the connection's TEMP table), the commit. MariaDB: begin, the
+// marker, setting the commit's bound, the UPDATE, the COMMIT, the
+// ROLLBACK that ends tx, putting the bound back (and, once per Backend,
+// a SELECT @@in_transaction that tells MariaDB from MySQL). MySQL 8:
+// begin, the marker, the check that the transaction is open, the UPDATE,
+// the COMMIT, the ROLLBACK. A connection's first CompleteTx on MySQL,
+// MariaDB or SQLite also creates the marker table (two more).
 func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return false, err
@@ -226,11 +270,169 @@ var ErrSnapshotConflict = errors.New("sqllock: the claim's record changed during
 // conflict (see ErrSnapshotConflict).
 var errRecordChanged = errors.New("sqllock: the record changed since the transaction's snapshot")
 
-// errTxGone ends an attempt whose transaction the server ended while body
-// ran, body having gone on without returning the statement's error.
-var errTxGone = errors.New("sqllock: the transaction is no longer open: the server rolled it back while body ran " +
-	"(a deadlock, or another error that ends the transaction, whose error body did not return), " +
-	"and body's writes before it are gone; the Done mark was not written")
+// errTxRolledBack ends an attempt whose transaction the engine rolled
+// back while body ran, body having gone on without returning the
+// statement's error.
+var errTxRolledBack = errors.New("sqllock: the transaction was rolled back under the body " +
+	"(by a statement that ends the whole transaction: a deadlock, an explicit ROLLBACK, on SQLite a statement " +
+	"interrupted because its context ended, INSERT OR ROLLBACK, a full disk or an I/O error), whose error body did not return; " +
+	"body's writes in it are gone, nothing committed, and the Done mark was not written (the delivery is nacked and runs again)")
+
+// errTxAborted wraps PostgreSQL's refusal of the mark in a transaction a
+// failed statement of body aborted.
+var errTxAborted = errors.New("sqllock: the transaction was aborted under the body by a failed statement whose error body did not return; " +
+	"nothing committed, and the Done mark was not written (the delivery is nacked and runs again)")
+
+// PostgreSQL's marker: a setting local to the transaction.
+const (
+	pgWriteMarker = "SELECT set_config('" + dialect.PgTxMarker + "', $1, true)"
+	pgReadMarker  = "SELECT current_setting('" + dialect.PgTxMarker + "', true) IS NOT DISTINCT FROM $1"
+)
+
+// errTxEndedByStatement ends a PostgreSQL attempt whose transaction a
+// ROLLBACK or COMMIT statement of body ended.
+var errTxEndedByStatement = errors.New("sqllock: the transaction was ended under the body by a ROLLBACK or COMMIT statement on tx, " +
+	"and the Done mark was not written: after a ROLLBACK nothing committed (the delivery is nacked and runs again); " +
+	"after a COMMIT the body's writes before it exist without the mark")
+
+// pgAborted reports whether err is PostgreSQL's refusal of a statement in
+// an aborted transaction (SQLSTATE 25P02).
+func pgAborted(err error) bool {
+	var pg interface{ SQLState() string }
+	return errors.As(err, &pg) && pg.SQLState() == "25P02"
+}
+
+// txMarkers numbers the transactions of CompleteTx in this process (see
+// dialect.TxMarker): a connection's marker row, left by an earlier
+// transaction, never holds the number of a later one.
+var txMarkers atomic.Int64
+
+// The statements on the TEMP marker table.
+var (
+	liteCreateMarker  = "CREATE TEMP TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)"
+	liteWriteMarker   = "INSERT OR REPLACE INTO temp." + dialect.TxMarker + " (k, n) VALUES (1, ?)"
+	liteReadMarker    = "SELECT 1, COALESCE((SELECT n FROM temp." + dialect.TxMarker + " WHERE k = 1), 0)"
+	mysqlCreateMarker = "CREATE TEMPORARY TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INT NOT NULL PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB"
+	// mysqlWriteMarker takes the number as a literal: without arguments
+	// go-sql-driver/mysql sends one query, not a prepare, an execute and a
+	// close.
+	mysqlWriteMarker = "INSERT INTO " + dialect.TxMarker + " (k, n) VALUES (1, %d) ON DUPLICATE KEY UPDATE n = VALUES(n)"
+	mariaReadMarker  = "SELECT @@in_transaction, COALESCE((SELECT n FROM " + dialect.TxMarker + " WHERE k = 1), 0)"
+	mysqlReadMarker  = "SELECT 0, COALESCE((SELECT n FROM " + dialect.TxMarker + " WHERE k = 1), 0)"
+)
+
+// writeMarker writes marker into the connection's TEMP marker table,
+// creating the table on the connection's first use.
+func (b *Backend) writeMarker(ctx context.Context, tx *sql.Tx, marker int64) error {
+	create, write, args := liteCreateMarker, liteWriteMarker, []any{marker}
+	if b.d == MySQL {
+		create, write, args = mysqlCreateMarker, fmt.Sprintf(mysqlWriteMarker, marker), nil
+	}
+	_, err := tx.ExecContext(ctx, write, args...)
+	if err != nil && noSuchTable(err) {
+		if _, err = tx.ExecContext(ctx, create); err == nil {
+			_, err = tx.ExecContext(ctx, write, args...)
+		}
+	}
+	return err
+}
+
+// noSuchTable reports whether err says that a table does not exist
+// (SQLite's "no such table", MySQL's error 1146).
+func noSuchTable(err error) bool {
+	return strings.Contains(err.Error(), "no such table") || mysqlNoTable.MatchString(err.Error())
+}
+
+// mysqlNoTable matches go-sql-driver/mysql's rendering of error 1146.
+var mysqlNoTable = regexp.MustCompile(`(^|: )Error 1146\b`)
+
+// markerState reads, on tx's connection, whether the transaction that
+// wrote marker is still open (its marker in place and, on MariaDB,
+// @@in_transaction) and whether its marker committed (the transaction is
+// over, and its marker outlived it: it committed). SQLite's and MySQL 8's
+// reads cannot see an open transaction apart from a committed one: they
+// are asked only where the caller knows which (SQLite has no implicit
+// commit; MySQL 8's check said none is open).
+func (b *Backend) markerState(ctx context.Context, tx *sql.Tx, marker int64) (open, committed bool, err error) {
+	q := liteReadMarker
+	if b.d == MySQL {
+		q = mariaReadMarker
+		if b.mysqlServer.Load() == serverMySQL {
+			q = mysqlReadMarker
+		}
+	}
+	var inTx, n int64
+	if err := tx.QueryRowContext(ctx, q).Scan(&inTx, &n); err != nil {
+		if noSuchTable(err) {
+			return false, false, nil // created in a transaction rolled back since
+		}
+		return false, false, err
+	}
+	if n != marker {
+		return false, false, nil
+	}
+	return inTx == 1, inTx != 1, nil
+}
+
+// txGone ends an attempt whose transaction is no longer open after body:
+// the engine rolled it back (an error, nothing marked), or it committed
+// implicitly (MySQL's DDL and LOCK TABLES, a COMMIT statement), in which
+// case body's writes up to that point exist, those after it committed one
+// by one, and the record is marked Done now with the plain conditional
+// mark, outside any transaction, on tx's connection.
+func (b *Backend) txGone(ctx context.Context, tx *sql.Tx, plain *sql.Stmt, c store.Claim, k []byte, stamped any, marker int64) (done, unsure bool, err error) {
+	_, committed, err := b.markerState(ctx, tx, marker)
+	if err != nil {
+		return false, false, fmt.Errorf("the transaction is no longer open, and reading its marker failed: %w", err)
+	}
+	if !committed || plain == nil {
+		return false, false, errTxRolledBack
+	}
+	res, err := tx.StmtContext(ctx, plain).ExecContext(ctx, millis(b.ttl), stamped, k, c.Fence, c.Token)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	switch {
+	case err != nil:
+		return false, false, fmt.Errorf("%w, and marking the key done after it failed: %w (a redelivery runs body again)", errImplicitCommit, err)
+	case n != 1:
+		return false, false, fmt.Errorf("%w, and the claim was no longer held when it was marked done after it: not marked (the claim's holder now decides the key)", errImplicitCommit)
+	}
+	b.warnImplicitCommit(ctx, c)
+	return true, false, nil
+}
+
+// committedByBody ends an SQLite attempt whose mark matched and whose
+// commit found no transaction: body committed it with a COMMIT statement,
+// and the mark then committed on its own. It reads the record on conn to
+// be sure.
+func (b *Backend) committedByBody(ctx context.Context, conn *sql.Conn, c store.Claim, k []byte) (done, unsure bool, err error) {
+	var r row
+	if err := conn.QueryRowContext(ctx, b.q.Read, k).Scan(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now); err != nil {
+		return false, false, fmt.Errorf("the commit found no transaction, and reading the record failed: %w", err)
+	}
+	if r.state != 2 || r.fence != c.Fence || r.token != c.Token {
+		return false, false, errTxRolledBack
+	}
+	b.warnImplicitCommit(ctx, c)
+	return true, false, nil
+}
+
+// warnImplicitCommit logs that c's key was marked done after its body's
+// transaction had committed before its end.
+func (b *Backend) warnImplicitCommit(ctx context.Context, c store.Claim) {
+	b.logger.WarnContext(ctx, "sqllock: complete-tx: the body's transaction committed before its end "+
+		"(a statement that commits implicitly, such as CREATE TABLE, ALTER TABLE or LOCK TABLES on MySQL and MariaDB, or a COMMIT statement): "+
+		"the writes before it committed then, those after it each committed on its own, and the key was marked done after them, "+
+		"outside any transaction; keep such statements out of the body",
+		"key", c.Key, "fence", c.Fence)
+}
+
+// errImplicitCommit says that body's transaction committed before its
+// end, without the Done mark.
+var errImplicitCommit = errors.New("sqllock: the body's transaction committed implicitly before its end " +
+	"(a statement such as CREATE TABLE, LOCK TABLES or COMMIT): its writes exist without the Done mark")
 
 // The servers behind the MySQL dialect, as CompleteTx finds out on its
 // first call.
@@ -258,8 +460,11 @@ const (
 // mariaBoundIdle keeps the session's idle_write_transaction_timeout and
 // sets it to CommitIdleTimeout (whole seconds): a write transaction idle
 // for longer, its COMMIT not arriving, is ended by the server.
+// It also reads the transaction's marker into the user variable
+// @sqllock_tx_marker, which the mark requires (dialect.TxMarker).
 var mariaBoundIdle = "SET @sqllock_idle_write_transaction_timeout = @@session.idle_write_transaction_timeout, " +
-	"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second))
+	"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second)) + ", " +
+	"@" + dialect.TxMarker + " = (SELECT n FROM " + dialect.TxMarker + " WHERE k = 1)"
 
 // CommitIdleTimeout bounds, on the server, how long a transaction of
 // CompleteTx stays open after its Done mark's UPDATE (which locks c's
@@ -353,9 +558,28 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 			markQ = b.q.CompleteClaimed
 		}
 	}
-	st, err := b.stmt(ctx, markQ)
-	if err != nil {
-		return false, false, err
+	// SQLite's mark names the TEMP marker table, which exists only on
+	// connections that have run a CompleteTx: it is prepared on the
+	// transaction's own connection, not on the pool.
+	var st *sql.Stmt
+	if b.d != SQLite {
+		if st, err = b.stmt(ctx, markQ); err != nil {
+			return false, false, err
+		}
+	}
+	// plain is the mark without the transaction's conditions, which marks
+	// a key whose writes committed implicitly (MySQL, MariaDB).
+	var plain *sql.Stmt
+	if b.d == MySQL {
+		if plain, err = b.stmt(ctx, b.q.CompleteClaimed); err != nil {
+			return false, false, err
+		}
+	}
+	var pgMarker *sql.Stmt
+	if b.d == Postgres {
+		if pgMarker, err = b.stmt(ctx, pgWriteMarker); err != nil {
+			return false, false, err
+		}
 	}
 	var lock *sql.Stmt
 	if b.q.LockWrites != "" {
@@ -367,6 +591,8 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 	if err != nil {
 		return false, false, fmt.Errorf("connection: %w", err)
 	}
+	b.txConns.Add(1)
+	defer b.txConns.Add(-1)
 	// restore is set once MariaDB's idle_write_transaction_timeout has
 	// been changed on conn: it is put back before conn goes back to the
 	// pool, and conn is discarded if that fails.
@@ -399,7 +625,28 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 			return false, false, fmt.Errorf("taking the write lock: %w", err)
 		}
 	}
+	// marker is this transaction's number in the TEMP marker table
+	// (SQLite, MySQL): the mark requires it, and after the body it tells
+	// a transaction still open from one the engine committed or rolled
+	// back (see dialect.TxMarker).
+	marker := txMarkers.Add(1)
+	if pgMarker != nil {
+		_, err = tx.StmtContext(ctx, pgMarker).ExecContext(ctx, strconv.FormatInt(marker, 10))
+	} else {
+		err = b.writeMarker(ctx, tx, marker)
+	}
+	if err != nil {
+		return false, false, fmt.Errorf("writing the transaction's marker: %w", err)
+	}
 	if err := body(ctx, tx); err != nil {
+		if b.d == MySQL && ctx.Err() == nil {
+			// A statement of body may have committed the transaction
+			// implicitly before the error: its writes before it exist,
+			// and a new attempt would write them again.
+			if _, committed, rerr := b.markerState(ctx, tx, marker); rerr == nil && committed {
+				return false, false, fmt.Errorf("body: %w (%w; the record stays claimed, and the transaction is not run again)", err, errImplicitCommit)
+			}
+		}
 		return false, false, fmt.Errorf("body: %w", err)
 	}
 	switch server {
@@ -412,45 +659,80 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		_, err := tx.ExecContext(ctx, mysqlStillInTx)
 		switch {
 		case err == nil:
-			return false, false, errTxGone
+			return b.txGone(ctx, tx, plain, c, k, stamped, marker)
 		case !mysqlInProgress.MatchString(err.Error()):
 			return false, false, txEnded(ctx, "checking that the transaction is open", err)
 		}
 	}
-	mark := tx.StmtContext(ctx, st)
 	matched := false
-	if b.q.Returning {
+	switch {
+	case b.d == SQLite:
 		var v any
-		err = mark.QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped).Scan(&v)
+		err = tx.QueryRowContext(ctx, b.q.CompleteTx, k, c.Fence, millis(b.ttl), c.Token, stamped, marker).Scan(&v)
 		if errors.Is(err, sql.ErrNoRows) {
 			err = nil
 		} else {
 			matched = err == nil
 		}
-	} else {
+	case b.q.Returning:
+		var v any
+		err = tx.StmtContext(ctx, st).QueryRowContext(ctx, k, c.Fence, millis(b.ttl), c.Token, stamped, strconv.FormatInt(marker, 10)).Scan(&v)
+		if errors.Is(err, sql.ErrNoRows) {
+			err = nil
+		} else {
+			matched = err == nil
+		}
+	default:
+		args := []any{millis(b.ttl), stamped, k, c.Fence, c.Token}
+		if server == serverMariaDB {
+			args = append(args, marker)
+		}
 		var res sql.Result
-		if res, err = mark.ExecContext(ctx, millis(b.ttl), stamped, k, c.Fence, c.Token); err == nil {
+		if res, err = tx.StmtContext(ctx, st).ExecContext(ctx, args...); err == nil {
 			var n int64
 			n, err = res.RowsAffected()
 			matched = n == 1
 		}
 	}
 	if err != nil {
+		if b.d == SQLite && ctx.Err() == nil && !errors.Is(err, sql.ErrTxDone) {
+			// The mark names the marker table, whose creation a rollback
+			// under the body may have taken back with it.
+			if open, _, rerr := b.markerState(ctx, tx, marker); rerr == nil && !open {
+				return false, false, errTxRolledBack
+			}
+		}
 		if snapshotConflict(err) {
 			err = fmt.Errorf("%w: %w", errRecordChanged, err)
+		}
+		if pgAborted(err) {
+			err = fmt.Errorf("%w: %w", errTxAborted, err)
 		}
 		return false, false, txEnded(ctx, "marking done", err)
 	}
 	if !matched {
-		if server == serverMariaDB {
-			// The UPDATE requires @@in_transaction = 1: tell a transaction
-			// the server ended from a claim fenced out.
-			var inTx int
-			if err := tx.QueryRowContext(ctx, mariaInTx).Scan(&inTx); err != nil {
+		if b.d == Postgres {
+			// The mark requires the transaction's marker: tell a
+			// transaction a ROLLBACK or COMMIT statement ended from a claim
+			// fenced out.
+			var open bool
+			if err := tx.QueryRowContext(ctx, pgReadMarker, strconv.FormatInt(marker, 10)).Scan(&open); err != nil {
 				return false, false, fmt.Errorf("checking that the transaction is open: %w", err)
 			}
-			if inTx != 1 {
-				return false, false, errTxGone
+			if !open {
+				return false, false, errTxEndedByStatement
+			}
+		}
+		if b.d == SQLite || server == serverMariaDB {
+			// The mark requires the transaction's marker (and, on MariaDB,
+			// @@in_transaction = 1): tell a transaction the engine ended
+			// from a claim fenced out.
+			open, _, err := b.markerState(ctx, tx, marker)
+			if err != nil {
+				return false, false, fmt.Errorf("checking that the transaction is open: %w", err)
+			}
+			if !open {
+				return b.txGone(ctx, tx, plain, c, k, stamped, marker)
 			}
 		}
 		return false, false, nil
@@ -467,6 +749,12 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 		}
 		if mayHaveLanded(err) {
 			return false, true, err
+		}
+		if isSQLite(err) && strings.Contains(err.Error(), "no transaction is active") {
+			// The body committed tx itself (a COMMIT statement): the mark,
+			// which requires the transaction's marker, matched the
+			// committed one and committed on its own.
+			return b.committedByBody(ctx, conn, c, k)
 		}
 		if isSQLite(err) {
 			// A failed COMMIT may leave SQLite's transaction open on the
@@ -545,7 +833,7 @@ func isSQLite(err error) bool {
 // run again, body included: a serialization failure or a deadlock, which
 // rolled the transaction back, or a busy SQLite database.
 func retryTx(err error) bool {
-	if errors.Is(err, errCommitRefused) {
+	if errors.Is(err, errCommitRefused) || errors.Is(err, errImplicitCommit) {
 		return false
 	}
 	var pg interface{ SQLState() string }

@@ -61,13 +61,37 @@ func (l *errorLog) errors() []string {
 // cases wait for renewals to run beside a body.
 type renewals[Tx any] struct {
 	store.TxBackend[Tx]
-	ext     store.Extender
-	started atomic.Int64
+	ext               store.Extender
+	started, finished atomic.Int64
+	// lateReply, when set, holds back CompleteTx's answer of a commit
+	// until a renewal that started after the commit has returned.
+	lateReply bool
 }
 
 func (r *renewals[Tx]) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	r.started.Add(1)
+	defer r.finished.Add(1)
 	return r.ext.Extend(ctx, c, lease)
+}
+
+// CompleteTx is the backend's; with lateReply, a commit's answer waits
+// for a renewal that ran after the commit, as when the reply is slow: the
+// renewal then finds the key done by this very commit. The heartbeat runs
+// one renewal at a time, so the next to finish is one that started after.
+func (r *renewals[Tx]) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, Tx) error) (bool, error) {
+	ok, err := r.TxBackend.CompleteTx(ctx, c, fp, body)
+	if !r.lateReply || !ok || err != nil {
+		return ok, err
+	}
+	after := r.started.Load()
+	deadline := time.Now().Add(mixWait)
+	for r.finished.Load() <= after {
+		if time.Now().After(deadline) {
+			return ok, fmt.Errorf("storetest: no renewal ran within %v of the commit", mixWait)
+		}
+		time.Sleep(heartbeat / 10)
+	}
+	return ok, err
 }
 
 // await waits until n more renewals than before have started (one is in
@@ -263,10 +287,22 @@ func txEnded[Tx any](t *testing.T, e *txEnv[Tx]) {
 }
 
 // superseder is another delivery that takes the key while a body runs,
-// from a goroutine of its own: the body goes on until it answers.
+// from a goroutine of its own, started once however often the store runs
+// the body; the body goes on until it answers.
 type superseder struct {
-	won  chan bool
+	once sync.Once
+	done chan struct{} // closed once it answered
+	won  bool
 	next store.Claim
+}
+
+func (s *superseder) start(take func() (store.Claim, bool)) {
+	s.once.Do(func() {
+		go func() {
+			s.next, s.won = take()
+			close(s.done)
+		}()
+	})
 }
 
 // txSuperseded: a claim superseded while its body runs commits nothing,
@@ -278,7 +314,9 @@ type superseder struct {
 // it gone and cancels the body, which returns its context's error. A
 // store with one writer (SQLite) makes the other delivery wait for the
 // commit instead: the first delivery then commits and the other finds
-// the key done, which is right too.
+// the key done, which is right too. A store may run the body again
+// (after the other delivery's write aborted its transaction): each
+// attempt sees the same other delivery.
 func txSupersededMidBody[Tx any](t *testing.T, e *txEnv[Tx]) {
 	for _, hb := range []bool{false, true} {
 		t.Run(fmt.Sprintf("heartbeat=%v", hb), func(t *testing.T) {
@@ -292,37 +330,36 @@ func txSupersededMidBody[Tx any](t *testing.T, e *txEnv[Tx]) {
 func supersede[Tx any](t *testing.T, e *txEnv[Tx], hb bool) {
 	log := &errorLog{}
 	k, id := e.key(), e.id()
-	lease := e.short()
+	// A lease that lapses (without a heartbeat), and that LockTx takes.
+	lease := max(e.short(), idempotency.MinLease)
 	b := e.b
 	if hb {
 		lease = e.long()
 		b = e.renewing()
 	}
-	s := &superseder{won: make(chan bool, 1)}
+	s := &superseder{done: make(chan struct{})}
 	var cancelled atomic.Bool
 	err := e.lockTx(b, k, lease, hb, log, func(ctx context.Context, tx Tx) error {
 		if err := e.write(ctx, tx, id); err != nil {
 			return err
 		}
 		c, _ := idempotency.ClaimFrom(ctx)
-		go func() {
-			bg := context.WithoutCancel(ctx)
+		s.start(func() (store.Claim, bool) {
+			bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), mixWait)
+			defer cancel()
 			if hb {
 				if err := e.b.Release(bg, c); err != nil { // idemctl release
-					s.won <- false
-					return
+					return store.Claim{}, false
 				}
 			} else {
 				e.pass(lease)
 			}
 			r, err := e.b.Claim(bg, k, e.long())
-			s.next = r.Claim
-			s.won <- err == nil && r.Outcome == store.Won
-		}()
+			return r.Claim, err == nil && r.Outcome == store.Won
+		})
 		select {
-		case won := <-s.won:
-			s.won <- won
-			if !won || !hb {
+		case <-s.done:
+			if !s.won || !hb {
 				return nil
 			}
 		case <-time.After(mixWait):
@@ -336,9 +373,14 @@ func supersede[Tx any](t *testing.T, e *txEnv[Tx], hb bool) {
 			return fmt.Errorf("storetest: the heartbeat did not cancel the body within %v of its claim being taken", mixWait)
 		}
 	})
-	won := <-s.won
+	select {
+	case <-s.done:
+	case <-time.After(2 * mixWait):
+		t.Fatalf("LockTx = %v, and the other delivery did not answer within %v (did the body run?)", err, 2*mixWait)
+	}
 	n := e.rows(id)
-	if !won {
+	t.Logf("the other delivery took the key while the body ran: %v", s.won)
+	if !s.won {
 		// The other delivery could not take the key while the body ran.
 		if err != nil || n != 1 {
 			t.Fatalf("the other delivery did not take the key; LockTx = %v with %d rows, want nil and 1", err, n)
@@ -366,9 +408,12 @@ func supersede[Tx any](t *testing.T, e *txEnv[Tx], hb bool) {
 // txCommittedLogsNoError: deliveries that commit, under a heartbeat whose
 // renewals land before, during and after the commit, are acked and log
 // nothing at ERROR: a renewal that finds the delivery's own Done mark is
-// not a lost claim, and a commit that landed is not a failure.
+// not a lost claim, and a commit that landed is not a failure. The
+// commit's answer is held back until a renewal ran after it, so that
+// every delivery meets that renewal, whatever the store's speed.
 func txCommittedLogsNoError[Tx any](t *testing.T, e *txEnv[Tx]) {
 	r := e.renewing()
+	r.lateReply = true
 	log := &errorLog{}
 	for i := range 6 {
 		k, id := e.key(), e.id()

@@ -57,15 +57,24 @@ type SQL struct {
 	// out. MySQL's Complete already has the condition.
 	CompleteClaimed string
 	// CompleteTx is CompleteClaimed as a transactional completion runs it
-	// (the same arguments in the same order). PostgreSQL's also bounds how
+	// (the same arguments in the same order; SQLite's and MySQL's take one
+	// more, last: the transaction's marker, see TxMarker). PostgreSQL's also bounds how
 	// long the rest of the transaction may stay idle on the server: its
 	// RETURNING sets idle_in_transaction_session_timeout to
 	// CommitIdleMillis for the transaction (SET LOCAL), so that a commit
 	// that never arrives (a frozen client or network) ends the transaction
-	// and frees the record's row lock. MySQL's is MariaDB's: it changes
+	// and frees the record's row lock; it also changes nothing unless the
+	// transaction-local setting PgTxMarker holds the transaction's marker
+	// (its sixth argument): a ROLLBACK or COMMIT statement of the body,
+	// after which the mark would run on its own, takes the setting away.
+	// MySQL's is MariaDB's: it changes
 	// nothing unless the session is still in a transaction
-	// (@@in_transaction, which MySQL 8 lacks: there CompleteClaimed runs).
-	// SQLite's is CompleteClaimed.
+	// (@@in_transaction, which MySQL 8 lacks: there CompleteClaimed runs)
+	// and the user variable @sqllock_tx_marker, read from the marker table
+	// just before, holds the transaction's marker. SQLite's changes
+	// nothing unless the marker table holds the transaction's marker: it
+	// is prepared on the transaction's connection, where that TEMP table
+	// exists.
 	CompleteTx string
 	// LockWrites is SQLite's statement that takes the database's write
 	// lock for the transaction it runs in, and changes nothing: a
@@ -113,6 +122,22 @@ type SQL struct {
 
 // Quote quotes one identifier in the engine's style.
 func (d *SQL) Quote(name string) string { return d.quote + name + d.quote }
+
+// TxMarker names the TEMP table (SQLite, MySQL) in which a transactional
+// completion writes, at its transaction's start, one row (k = 1) holding
+// a number no earlier transaction of the process wrote: a commit keeps
+// it, a rollback takes it back. TEMP tables are per connection, and
+// transactional (MySQL: an InnoDB temporary table, whose CREATE does not
+// commit implicitly), so the row tells, after the body, whether the
+// transaction is still open, has committed (implicitly), or was rolled
+// back. On MySQL it is also the name of the user variable the marker is
+// read into.
+const TxMarker = "sqllock_tx_marker"
+
+// PgTxMarker is the setting that a transactional completion on PostgreSQL
+// sets for its transaction only (set_config(..., true), as SET LOCAL) to
+// the transaction's marker, which the mark requires (see TxMarker).
+const PgTxMarker = "sqllock.tx_marker"
 
 // CommitIdleMillis is how long, in milliseconds, a transactional
 // completion's transaction may stay idle on the server after its Done
@@ -225,7 +250,7 @@ FROM {T} t, clock$ WHERE t.idem_key = $1 AND NOT EXISTS (SELECT 1 FROM up$)`,
 		Complete:        pgComplete,
 		CompleteCounts:  true,
 		CompleteClaimed: pgComplete + ` AND state = 1 RETURNING 1`,
-		CompleteTx: pgComplete + ` AND state = 1
+		CompleteTx: pgComplete + ` AND state = 1 AND current_setting('` + PgTxMarker + `', true) = $6
 RETURNING set_config('idle_in_transaction_session_timeout', '` + strconv.Itoa(CommitIdleMillis) + `', true)`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = c$.ms, expires_at_ms = c$.ms + $3
 FROM (SELECT {NOW} AS ms) c$
@@ -288,7 +313,8 @@ RETURNING fence, lease_expiry_ms`,
 		Read:            `SELECT state, fence, lease_expiry_ms, expires_at_ms, token, fingerprint, {NOW} FROM {T} WHERE idem_key = ?1`,
 		Complete:        liteComplete + ` RETURNING 1`,
 		CompleteClaimed: liteComplete + ` AND state = 1 RETURNING 1`,
-		CompleteTx:      liteComplete + ` AND state = 1 RETURNING 1`,
+		CompleteTx: liteComplete + ` AND state = 1
+	AND EXISTS (SELECT 1 FROM temp.` + TxMarker + ` WHERE k = 1 AND n = ?6) RETURNING 1`,
 		// An UPDATE that matches no row still begins a write transaction:
 		// SQLite takes the write lock when a writing statement starts.
 		LockWrites: `UPDATE {T} SET state = state WHERE 0`,
@@ -346,7 +372,7 @@ WHERE idem_key = ? AND fence = ? AND state = ?
   AND ((state = 1 AND lease_expiry_ms <= {NOW}) OR (state = 2 AND expires_at_ms <= {NOW}))`,
 		Complete:        myComplete,
 		CompleteClaimed: myComplete,
-		CompleteTx:      myComplete + ` AND @@in_transaction = 1`,
+		CompleteTx:      myComplete + ` AND @@in_transaction = 1 AND @` + TxMarker + ` = ?`,
 		IsDone:          `SELECT COUNT(*) FROM {T} WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 2`,
 		Release: `UPDATE {T} SET fence = fence + 1, lease_expiry_ms = {NOW}, expires_at_ms = {NOW} + ?
 WHERE idem_key = ? AND fence = ? AND token = CAST(? AS BINARY) AND state = 1`,

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/txstorm"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -18,7 +19,31 @@ import (
 // storm SIGKILLs them, also between a body's write and its commit. Every
 // order's row must exist exactly once.
 func TestTxStorm(t *testing.T) {
-	eachEngine(t, engines, func(t *testing.T, e engine) { txStorm(t, e, false) })
+	eachEngine(t, engines, func(t *testing.T, e engine) { txStorm(t, e, false, nil) })
+}
+
+// The crash storm again with every delivery under WithHeartbeat (200ms,
+// a lease of 2s: renewals run beside the body and its commit; 150 orders,
+// 80 on SQLite), with a
+// tenth of the bodies panicking after their write and a tenth ending
+// their transaction through the engine (endTx) and swallowing the error:
+// still no order lost and none twice.
+func TestTxStormUnderAHeartbeatWithPanicsAndSwallowedEnds(t *testing.T) {
+	eachEngine(t, engines, func(t *testing.T, e engine) {
+		txStorm(t, e, false, func(c *txstorm.Config[*sql.Tx]) {
+			c.Orders = 150
+			if e.name == "sqlite" {
+				// Its one writer serializes bodies that last up to two
+				// heartbeats: fewer orders keep the storm's time near the
+				// others'.
+				c.Orders = 80
+			}
+			c.Lease = 2 * time.Second
+			c.Heartbeat = 200 * time.Millisecond
+			c.PanicRate, c.SwallowRate = 0.1, 0.1
+			c.EndTx = endTx(e, "")
+		})
+	})
 }
 
 // The storm tells a sink that writes outside the transaction: its rows
@@ -26,15 +51,16 @@ func TestTxStorm(t *testing.T) {
 // redelivery writes them again.
 func TestTxStormCatchesWritesOutsideTheTransaction(t *testing.T) {
 	eachEngine(t, networked[:1], func(t *testing.T, e engine) {
-		if f := txStorm(t, e, true); !txstorm.IsWorker() && f.Duplicated == 0 {
+		if f := txStorm(t, e, true, nil); !txstorm.IsWorker() && f.Duplicated == 0 {
 			t.Fatalf("the storm found nothing wrong with a sink that writes outside the transaction: %v", f)
 		}
 	})
 }
 
 // txStorm runs the storm on e; broken makes the sink write outside the
-// body's transaction.
-func txStorm(t *testing.T, e engine, broken bool) txstorm.Figures {
+// body's transaction, and more, when not nil, sets the storm's other
+// options.
+func txStorm(t *testing.T, e engine, broken bool, more func(*txstorm.Config[*sql.Tx])) txstorm.Figures {
 	dsn, table, sinkTable := os.Getenv("TXSTORM_DSN"), os.Getenv("TXSTORM_TABLE"), os.Getenv("TXSTORM_SINK")
 	if !txstorm.IsWorker() {
 		dsn = e.dsn(t)
@@ -64,7 +90,7 @@ func txStorm(t *testing.T, e engine, broken bool) txstorm.Figures {
 	if broken {
 		run = txstorm.Storm[*sql.Tx]
 	}
-	return run(t, txstorm.Config[*sql.Tx]{
+	cfg := txstorm.Config[*sql.Tx]{
 		Env: []string{"TXSTORM_DSN=" + dsn, "TXSTORM_TABLE=" + table, "TXSTORM_SINK=" + sinkTable},
 		Backend: func(t testing.TB) store.TxBackend[*sql.Tx] {
 			b, err := sqllock.New(open(t), e.dialect, sqllock.WithTable(table))
@@ -98,5 +124,9 @@ func txStorm(t *testing.T, e engine, broken bool) txstorm.Figures {
 			}
 			return m, rows.Err()
 		},
-	})
+	}
+	if more != nil {
+		more(&cfg)
+	}
+	return run(t, cfg)
 }

@@ -68,6 +68,26 @@ func (s sink) write(ctx context.Context, tx *sql.Tx, id string) error {
 	return err
 }
 
+// read counts, in tx, the rows carrying id; on PostgreSQL and MySQL it
+// locks them (SELECT ... FOR UPDATE), as a body that reads before it
+// writes would.
+func (s sink) read(ctx context.Context, tx *sql.Tx, id string) (int, error) {
+	q := "SELECT id FROM " + s.table + " WHERE id = ?"
+	if s.e.name != "sqlite" {
+		q += " FOR UPDATE"
+	}
+	rows, err := tx.QueryContext(ctx, rebind(s.e, q), id)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
+}
+
 // rows counts the committed rows carrying id, outside any transaction.
 func (s sink) rows(t testing.TB, id string) int {
 	t.Helper()
@@ -899,7 +919,13 @@ func TestCompleteTxCrashBeforeTheCommitLeavesNeither(t *testing.T) {
 // TestTxContract runs the storetest suite's CompleteTx cases on every
 // engine, with the body's rows in a table of their own beside the
 // backend's. The networked engines get a DropProxy per case, as in
-// TestContract; Count reads past it.
+// TestContract; Count reads past it. Read is the body's own read of its
+// rows (FOR UPDATE on PostgreSQL and MariaDB); EndTx ends the transaction
+// the engine's way (endTx): PostgreSQL a failing statement (SELECT 1/0),
+// which aborts it; MariaDB an explicit ROLLBACK statement, which leaves
+// the session where a deadlock's victim is (a real deadlock needs a
+// second transaction and the right timing); SQLite a write interrupted
+// because its own context ended.
 //
 // SQLite gets a database file per case (cases run in parallel, and SQLite
 // has one writer per database) opened with a busy timeout of one second:
@@ -926,9 +952,12 @@ func TestTxContract(t *testing.T) {
 				db = e.open(t, strings.Replace(dsn, host, proxy.Addr(), 1), nil)
 				h.Faults = proxy
 			}
-			h.Backend = e.backend(t, db, sqllock.WithTTL(ttl))
+			b := e.backend(t, db, sqllock.WithTTL(ttl))
+			h.Backend = b
 			s := newSink(t, e, direct)
 			h.Write = s.write
+			h.Read = s.read
+			h.EndTx = endTx(e, tableOf(b))
 			h.Count = func(ctx context.Context, id string) (int, error) {
 				var n int
 				err := direct.QueryRowContext(ctx, s.count, id).Scan(&n)
