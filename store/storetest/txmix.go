@@ -63,6 +63,7 @@ type renewals[Tx any] struct {
 	store.TxBackend[Tx]
 	ext               store.Extender
 	started, finished atomic.Int64
+	lost              atomic.Int64 // renewals that found the claim gone
 	// lateReply, when set, holds back CompleteTx's answer of a commit
 	// until a renewal that started after the commit has returned.
 	lateReply bool
@@ -71,21 +72,27 @@ type renewals[Tx any] struct {
 func (r *renewals[Tx]) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	r.started.Add(1)
 	defer r.finished.Add(1)
-	return r.ext.Extend(ctx, c, lease)
+	next, err := r.ext.Extend(ctx, c, lease)
+	if errors.Is(err, store.ErrLost) {
+		r.lost.Add(1)
+	}
+	return next, err
 }
 
 // CompleteTx is the backend's; with lateReply, a commit's answer waits
-// for a renewal that ran after the commit, as when the reply is slow: the
-// renewal then finds the key done by this very commit. The heartbeat runs
-// one renewal at a time, so the next to finish is one that started after.
+// for a renewal that met the commit, as when the reply is slow: one that
+// found the claim gone (the key done by this very commit: the heartbeat
+// then renews no more), or one that started after the commit and
+// returned (the heartbeat runs one renewal at a time, so the next to
+// finish after the one in flight is such a one).
 func (r *renewals[Tx]) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, Tx) error) (bool, error) {
 	ok, err := r.TxBackend.CompleteTx(ctx, c, fp, body)
 	if !r.lateReply || !ok || err != nil {
 		return ok, err
 	}
-	after := r.started.Load()
+	after, lost := r.started.Load(), r.lost.Load()
 	deadline := time.Now().Add(mixWait)
-	for r.finished.Load() <= after {
+	for r.finished.Load() <= after && r.lost.Load() == lost {
 		if time.Now().After(deadline) {
 			return ok, fmt.Errorf("storetest: no renewal ran within %v of the commit", mixWait)
 		}
