@@ -2,13 +2,20 @@ package spannerlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"cloud.google.com/go/spanner"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
+
+// errClaimLanded ends a Claim whose Commit was answered as lost (NotFound
+// or FailedPrecondition naming the transaction) by a strong read that
+// found the write applied: the call answers Won.
+var errClaimLanded = errors.New("spannerlock: the claim's write applied")
 
 var columns = []string{"key", "state", "fence", "lease_expiry", "expires_at", "token", "fingerprint"}
 
@@ -24,9 +31,16 @@ type row struct {
 	fp      string // the payload fingerprint of a Done row; "" for none
 }
 
+// querier is a transaction that runs queries: a read-write one, or a
+// single-use read-only one.
+type querier interface {
+	Query(ctx context.Context, stmt spanner.Statement) *spanner.RowIterator
+}
+
 // read reads key's row in txn together with CURRENT_TIMESTAMP(), in one
-// statement (the transaction's first: it begins the transaction inline).
-func (b *Backend) read(ctx context.Context, txn *spanner.ReadWriteTransaction, key string) (row, error) {
+// statement (in a read-write transaction, its first: it begins the
+// transaction inline).
+func (b *Backend) read(ctx context.Context, txn querier, key string) (row, error) {
 	stmt := spanner.Statement{
 		SQL: "SELECT CURRENT_TIMESTAMP(), r.state, r.fence, r.lease_expiry, r.expires_at, r.token, r.fingerprint " +
 			"FROM UNNEST([1]) AS one LEFT JOIN " + b.table + " AS r ON r.key = @key",
@@ -92,6 +106,7 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 		if err != nil {
 			return err
 		}
+		maybe = b.prune(maybe, token, r)
 		var m *spanner.Mutation
 		res, m, err = b.decide(key, token, lease, r, maybe)
 		if err != nil {
@@ -109,10 +124,28 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	err := b.transact(ctx, body, func(err error) error {
 		if cur != nil && unknownCommit(err) {
 			maybe = append(maybe, *cur)
+			if txLost(err) {
+				// Unless the Spanner client resent the Commit after a lost
+				// reply, the transaction is gone and wrote nothing (the
+				// emulator forgets all but one of a database's concurrent
+				// transactions). Tell the two apart now, while the lease
+				// the write stored would still be running.
+				if r, rerr := b.read(ctx, b.client.Single(), key); rerr == nil {
+					if r.present && r.token == token && r.state == stateClaimed && r.now.Before(r.exp) {
+						res = won(key, token, r.fence, r.lease)
+						cur = nil
+						return errClaimLanded
+					}
+					maybe = b.prune(maybe, token, r)
+				}
+			}
 		}
 		cur = nil
 		return err
 	})
+	if errors.Is(err, errClaimLanded) {
+		return res, nil
+	}
 	if err != nil {
 		return store.Result{}, fmt.Errorf("spannerlock: claim %q: %w", key, err)
 	}
@@ -163,6 +196,16 @@ func (b *Backend) decide(key, token string, lease time.Duration, r row, maybe []
 		return store.Result{Outcome: store.AlreadyDone, Until: r.exp, Fingerprint: r.fp}, nil, nil
 	}
 	return won(key, token, r.fence+1, expiry), spanner.Update(b.table, columns, vals(r.fence+1)), nil
+}
+
+// prune returns maybe without the writes that row r rules out. A write
+// ruled out once never applies later: it was answered before r was read.
+// A row that holds token rules nothing out (decide answers from it).
+func (b *Backend) prune(maybe []attempt, token string, r row) []attempt {
+	if r.present && r.token == token {
+		return maybe
+	}
+	return slices.DeleteFunc(maybe, func(a attempt) bool { return b.ruledOut(a, r) })
 }
 
 // ruledOut reports whether row r, which does not hold the call's token,

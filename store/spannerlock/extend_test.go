@@ -53,8 +53,8 @@ func TestExtendIsNotRunAgainAfterACommitThatMayHaveApplied(t *testing.T) {
 		refuse refusal
 		want   []string
 	}{
-		{refusal{"ExecuteStreamingSql", codes.ResourceExhausted}, []string{"ExecuteStreamingSql", "BeginTransaction", "ExecuteStreamingSql", "Commit"}},
-		{refusal{"Commit", codes.Aborted}, []string{"ExecuteStreamingSql", "Commit", "ExecuteStreamingSql", "Commit"}},
+		{refusal{method: "ExecuteStreamingSql", code: codes.ResourceExhausted}, []string{"ExecuteStreamingSql", "BeginTransaction", "ExecuteStreamingSql", "Commit"}},
+		{refusal{method: "Commit", code: codes.Aborted}, []string{"ExecuteStreamingSql", "Commit", "ExecuteStreamingSql", "Commit"}},
 	} {
 		before := r.refused.Load()
 		r.refuse.Store(&c.refuse)

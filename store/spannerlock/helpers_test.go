@@ -1,6 +1,7 @@
 package spannerlock_test
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -102,6 +103,10 @@ type rpcs struct {
 type refusal struct {
 	method string
 	code   codes.Code
+	// msg is the error's message; a default one when empty.
+	msg string
+	// meanwhile, when set, runs before the client hears of the refusal.
+	meanwhile func()
 }
 
 // refused reports whether the RPC called name is to fail unsent, and
@@ -146,7 +151,10 @@ func (r *rpcs) unary(ctx context.Context, method string, req, reply any, cc *grp
 	name := r.record(method)
 	defer func(start time.Time) { r.took(name, time.Since(start)) }(time.Now())
 	if f := r.refuse.Load(); f != nil && r.refusing(name) {
-		return status.Error(f.code, "injected: refused before it was sent")
+		if f.meanwhile != nil {
+			f.meanwhile()
+		}
+		return status.Error(f.code, cmp.Or(f.msg, "injected: refused before it was sent"))
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {

@@ -1,13 +1,16 @@
 package spannerlock_test
 
 import (
-	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 )
 
 // A Claim whose Commit applied but whose reply was lost (Unavailable),
@@ -69,8 +72,8 @@ func TestClaimWhoseResentCommitIsRefused(t *testing.T) {
 // An Extend whose Commit applied but whose reply was lost, and whose
 // resent Commit the emulator refuses because a newer transaction of the
 // same client began meanwhile, is not run again (on main it was, and
-// renewed the lease a second time from a later instant): it returns an
-// error that is not ErrLost.
+// renewed the lease a second time from a later instant): a strong read
+// finds the lease the first Commit stored, and Extend returns it.
 func TestExtendWhoseResentCommitIsRefusedIsNotRunAgain(t *testing.T) {
 	testsvc.Spanner(t)
 	ctx := t.Context()
@@ -91,8 +94,91 @@ func TestExtendWhoseResentCommitIsRefusedIsNotRunAgain(t *testing.T) {
 	if r.lost.Load() != 1 {
 		t.Fatalf("%d replies lost, want 1", r.lost.Load())
 	}
-	t.Logf("RPCs: %v", r.take())
-	if err == nil || errors.Is(err, store.ErrLost) {
-		t.Fatalf("Extend whose resent Commit was refused = %v, %v; want an error that is not ErrLost", ext.LeaseExpiry, err)
+	rpcs := r.take()
+	t.Logf("RPCs: %v", rpcs)
+	// The Extend's statement and Commit, the other Claim's, the resent
+	// Commit, and the strong read: the statement ran once.
+	want := []string{"ExecuteStreamingSql", "Commit", "ExecuteStreamingSql", "Commit", "Commit", "ExecuteStreamingSql"}
+	if !slices.Equal(rpcs, want) {
+		t.Errorf("RPCs %v, want %v", rpcs, want)
+	}
+	if err != nil {
+		t.Fatalf("Extend whose resent Commit was refused: %v; want the lease the first Commit stored", err)
+	}
+	rec, ok, err := b.Inspect(ctx, "k")
+	if err != nil || !ok || !rec.LeaseExpiry.Equal(ext.LeaseExpiry) {
+		t.Fatalf("stored lease %v (%v %v), Extend reported %v", rec.LeaseExpiry, ok, err, ext.LeaseExpiry)
+	}
+}
+
+// notFound is how the emulator answers a Commit of a transaction that a
+// concurrent one made it forget (no reply lost: nothing applied).
+var notFound = refusal{method: "Commit", code: codes.NotFound, msg: "Transaction not found: 7"}
+
+// won claims key on b for a minute, and fails the test unless it won.
+func won(t *testing.T, b *spannerlock.Backend, key string) store.Result {
+	t.Helper()
+	res, err := b.Claim(t.Context(), key, time.Minute)
+	if err != nil || res.Outcome != store.Won {
+		t.Fatalf("claim %q: %+v %v", key, res, err)
+	}
+	return res
+}
+
+// A Complete whose Commit the emulator answers NotFound (its transaction
+// forgotten, nothing applied, no reply lost), after which the claim is
+// released, answers false: a strong read right after the answer found
+// the row not completed, before the expires-at instant the write would
+// have stored. On main it answered "the outcome is unknown".
+func TestCompleteWhoseTransactionTheEmulatorForgotIsFalseNotUnknown(t *testing.T) {
+	testsvc.Spanner(t)
+	ctx := t.Context()
+	b, r := newBackend(t, "")
+	res := won(t, b, "k")
+	f := notFound
+	f.meanwhile = func() {
+		if err := b.Release(ctx, res.Claim); err != nil {
+			t.Errorf("release: %v", err)
+		}
+	}
+	r.refuse.Store(&f)
+	ok, err := b.Complete(ctx, res.Claim)
+	if r.refused.Load() != 1 {
+		t.Fatalf("%d Commits refused, want 1", r.refused.Load())
+	}
+	if ok || err != nil {
+		t.Fatalf("Complete whose transaction was forgotten, claim released meanwhile = %v, %v; want false, nil", ok, err)
+	}
+	// And once it is forgotten with the claim still held, the next run
+	// completes it.
+	res = won(t, b, "k2")
+	f = notFound
+	r.refuse.Store(&f)
+	if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
+		t.Fatalf("Complete whose first transaction was forgotten = %v, %v; want true, nil", ok, err)
+	}
+}
+
+// An Extend whose Commit the emulator answers NotFound (nothing applied,
+// no reply lost) runs again and renews the lease: a strong read found
+// the row without the lease the statement returned. On main it returned
+// "the extension may have been applied; not run again".
+func TestExtendWhoseTransactionTheEmulatorForgotRunsAgain(t *testing.T) {
+	testsvc.Spanner(t)
+	ctx := t.Context()
+	b, r := newBackend(t, "")
+	res := won(t, b, "k")
+	f := notFound
+	r.refuse.Store(&f)
+	ext, err := b.Extend(ctx, res.Claim, time.Hour)
+	if r.refused.Load() != 1 {
+		t.Fatalf("%d Commits refused, want 1", r.refused.Load())
+	}
+	if err != nil {
+		t.Fatalf("Extend whose transaction was forgotten: %v; want it run again", err)
+	}
+	rec, ok, err := b.Inspect(ctx, "k")
+	if err != nil || !ok || !rec.LeaseExpiry.Equal(ext.LeaseExpiry) || !ext.LeaseExpiry.After(res.Claim.LeaseExpiry.Add(50*time.Minute)) {
+		t.Fatalf("stored lease %v (%v %v), Extend reported %v, claimed %v", rec.LeaseExpiry, ok, err, ext.LeaseExpiry, res.Claim.LeaseExpiry)
 	}
 }

@@ -40,7 +40,11 @@ func txLost(err error) bool {
 	case codes.Aborted:
 		return true
 	case codes.NotFound, codes.FailedPrecondition:
-		return strings.Contains(strings.ToLower(spanner.ErrDesc(err)), "transaction")
+		desc := strings.ToLower(spanner.ErrDesc(err))
+		// The Spanner client's refusal of a transaction begun under a
+		// transaction's context ("does not support nested
+		// transactions") names transactions too, and is final.
+		return strings.Contains(desc, "transaction") && !strings.Contains(desc, "nested")
 	}
 	return false
 }

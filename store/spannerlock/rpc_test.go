@@ -39,7 +39,7 @@ func TestRPCsPerOperation(t *testing.T) {
 	if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
 		t.Fatalf("complete: %v %v", ok, err)
 	}
-	want("Complete", dml, "Commit")
+	want("Complete", read, "Commit")
 	if res, _ := b.Claim(ctx, "k", time.Minute); res.Outcome != store.AlreadyDone {
 		t.Fatalf("claim of a done key: %v", res.Outcome)
 	}
@@ -80,7 +80,7 @@ func TestRPCsPerOperation(t *testing.T) {
 	}
 	r = pr
 	want("PurgeExpired of one expired row", read, read, "StreamingRead", "Commit")
-	t.Logf("per fresh delivery: 4 RPCs (Claim %s+Commit, Complete %s+Commit)", read, dml)
+	t.Logf("per fresh delivery: 4 RPCs (Claim %s+Commit, Complete %s+Commit)", read, read)
 }
 
 // A Claim whose commit applied but whose reply was lost finds its own

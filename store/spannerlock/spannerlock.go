@@ -59,7 +59,12 @@
 //     (Claim + Complete) costs 4.
 //   - Complete, Release, Extend: 2 RPCs (ExecuteSql or ExecuteStreamingSql:
 //     one DML statement guarded by key, fence, token and state, with THEN
-//     RETURN where the call needs the row; Commit).
+//     RETURN where the call needs the row, as Complete and Extend do;
+//     Commit). After a Commit answered NotFound or FailedPrecondition
+//     naming the transaction, Claim, Complete and Extend add one strong
+//     read (ExecuteStreamingSql) to settle it, and a Complete run that
+//     matches nothing after a Commit that may have applied adds a query
+//     of CURRENT_TIMESTAMP().
 //   - PurgeExpired: 1 RPC (a single-use read-only query for expired keys)
 //     plus, when it found some, 3 per batch of up to 1,000 (a query for
 //     CURRENT_TIMESTAMP() that begins the transaction, a read of those
@@ -89,22 +94,36 @@
 // client runs the transaction again after Internal (which a connection
 // broken mid-reply can give) as after Aborted, without saying which. So
 // every failed Commit but a refusal (Aborted, AlreadyExists,
-// InvalidArgument, PermissionDenied, Unauthenticated) leaves the outcome
-// unknown, and so, to Claim and Complete, does every run the client
-// starts again after a Commit. Claim writes its token into the row and a
-// run that finds it answers Won with it. A run that finds the row in
-// other hands rules an unknown write out when it reads before that
-// write's lease would have lapsed, or, before the write's expires-at
-// instant, finds no row or a fence no higher than the one it wrote (had
-// it applied, the claim that took the key over would have raised the
-// fence); otherwise Claim cannot tell whether it won and returns an
-// error, never HeldByOther or AlreadyDone. Complete returns an error
-// instead of false after an unknown commit. Complete and Release match
-// key, fence and token, so a repeat changes nothing twice. Extend is not
-// run again by the backend after a Commit that may have applied (another
-// run would renew the lease a second time, from a later instant): it
-// returns an error. (The Spanner client's own rerun after Aborted or
-// Internal still runs it again.)
+// InvalidArgument, PermissionDenied, Unauthenticated) may have applied,
+// and so, to Claim and Complete, may every run the client starts again
+// after a Commit. The same NotFound or FailedPrecondition is also how the
+// emulator answers, with no reply lost, a Commit of a transaction it
+// forgot because a concurrent one began (nothing applied): Claim,
+// Complete and Extend tell the two apart at once, with a strong read of
+// the row right after that answer. Claim writes its token into the row:
+// a read that finds it answers Won with it. Complete's statement returns
+// the expires-at instant it stored: a read that finds the row Done with
+// the claim's fence and token answers true. Extend's returns the lease
+// expiry it stored: a read that finds it in the row returns it; one that
+// does not runs Extend again. Otherwise a run that finds the row in other
+// hands rules an unknown write out when it reads before that write's
+// lease would have lapsed (Claim) or before its expires-at instant
+// (Complete: had it applied, the row would be Done with the claim's
+// fence and token until then), or, for Claim, before the write's
+// expires-at instant, finds no row or a fence no higher than the one it
+// wrote (had it applied, the claim that took the key over would have
+// raised the fence); a write once ruled out stays so. Otherwise Claim
+// cannot tell whether it won and returns an error, never HeldByOther or
+// AlreadyDone, and Complete returns an error instead of false. Complete
+// and Release match key, fence and token, so a repeat changes nothing
+// twice. Extend is not run again by the backend after a Commit that may
+// have applied and that no read settled (another run would renew the
+// lease a second time, from a later instant): it returns an error. (The
+// Spanner client's own rerun after Aborted or Internal still runs it
+// again.) With every reply delivered, no call answers that its outcome
+// is unknown (TestHistoryOneDatabaseWithoutFaults: eight clients on two
+// keys of one emulator database). A row deleted with Forget within the
+// ttl of a completion is outside this reasoning.
 //
 // A lost reply to the statement that began a transaction inline leaves
 // that transaction open on the server, unknown to the client, until
@@ -125,7 +144,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"regexp"
+	"sync"
 	"time"
 
 	"cloud.google.com/go/spanner"
@@ -194,6 +215,15 @@ type Backend struct {
 
 	clientOpts    []option.ClientOption
 	clientOptsSet bool
+
+	// emulator: SPANNER_EMULATOR_HOST was set when the Backend was
+	// built, so its client talks to the emulator, which runs one
+	// read-write transaction at a time per database.
+	emulator bool
+	// inTx holds, for each claim whose CompleteTx is running (on the
+	// emulator only), a channel closed when it returns.
+	inTxMu sync.Mutex
+	inTx   map[txClaim]*txGate
 }
 
 var (
@@ -270,6 +300,7 @@ func configure(opts []Option) (*Backend, error) {
 		return nil, fmt.Errorf("spannerlock: retries %d is negative", b.policy.Retries)
 	}
 	b.policy.Base, b.policy.Max = retryBase, retryMax
+	b.emulator = os.Getenv("SPANNER_EMULATOR_HOST") != ""
 	return b, nil
 }
 

@@ -20,9 +20,28 @@ import (
 // storm SIGKILLs them, also between a body's write and its commit. Every
 // order's row must exist exactly once.
 func TestTxStorm(t *testing.T) {
-	f := txStorm(t, false)
+	f := txStorm(t, false, nil)
 	if !txstorm.IsWorker() {
 		t.Logf("spannerlock storm: %v", f)
+	}
+}
+
+// The storm again, with the features that meet a transactional body:
+// every delivery under a heartbeat of 200ms (a renewal while the body's
+// transaction is open: on the emulator it waits for the transaction),
+// one body in ten panicking after its write, and one in ten swallowing
+// the error of a statement after which the emulator holds its
+// transaction failed (endTx). Every order's row must still exist exactly
+// once.
+func TestTxStormWithAHeartbeatPanicsAndEndedTransactions(t *testing.T) {
+	f := txStorm(t, false, func(c *txstorm.Config[*spanner.ReadWriteTransaction]) {
+		c.Heartbeat = 200 * time.Millisecond
+		c.PanicRate = 0.1
+		c.SwallowRate = 0.1
+		c.EndTx = endTx
+	})
+	if !txstorm.IsWorker() {
+		t.Logf("spannerlock storm with a heartbeat, panics and ended transactions: %v", f)
 	}
 }
 
@@ -30,7 +49,7 @@ func TestTxStorm(t *testing.T) {
 // transaction of its own, client.Apply): its rows commit even when the
 // worker dies before the done mark, and the redelivery writes them again.
 func TestTxStormCatchesWritesOutsideTheTransaction(t *testing.T) {
-	if f := txStorm(t, true); !txstorm.IsWorker() && f.Duplicated == 0 {
+	if f := txStorm(t, true, nil); !txstorm.IsWorker() && f.Duplicated == 0 {
 		t.Fatalf("the storm found nothing wrong with a sink that writes outside the transaction: %v", f)
 	}
 }
@@ -52,7 +71,8 @@ const (
 )
 
 // txStorm runs the storm on a database of its own on the shared emulator;
-// broken makes the sink write outside the body's transaction.
+// broken makes the sink write outside the body's transaction, and mix,
+// when set, changes the storm's configuration.
 //
 // The emulator runs one read-write transaction at a time per database and
 // aborts the others (the Spanner client runs them again): every Claim,
@@ -67,7 +87,7 @@ const (
 // worker (a -race test binary and a new Spanner client) delivers a few
 // orders before the next. Measured under -race on two cores: about 15-20 s
 // at a load average of 10-17, about 100 s with six busy loops added.
-func txStorm(t *testing.T, broken bool) txstorm.Figures {
+func txStorm(t *testing.T, broken bool, mix func(*txstorm.Config[*spanner.ReadWriteTransaction])) txstorm.Figures {
 	host, db := os.Getenv(stormHostEnv), os.Getenv(stormDBEnv)
 	if !txstorm.IsWorker() {
 		host = testsvc.Spanner(t)
@@ -102,7 +122,7 @@ func txStorm(t *testing.T, broken bool) txstorm.Figures {
 	if broken {
 		run = txstorm.Storm[*spanner.ReadWriteTransaction]
 	}
-	return run(t, txstorm.Config[*spanner.ReadWriteTransaction]{
+	cfg := txstorm.Config[*spanner.ReadWriteTransaction]{
 		Orders:     80,
 		Workers:    3,
 		Lease:      2 * time.Second,
@@ -153,5 +173,9 @@ func txStorm(t *testing.T, broken bool) txstorm.Figures {
 			})
 			return m, err
 		},
-	})
+	}
+	if mix != nil {
+		mix(&cfg)
+	}
+	return run(t, cfg)
 }

@@ -56,6 +56,10 @@ const (
 //     released, completed already, by CompleteTx or Complete), the
 //     statement matches nothing and the transaction is rolled back:
 //     false, nil, and none of the body's writes exist.
+//   - When body panics, the transaction is rolled back (the Spanner
+//     client ends it with a Rollback, releasing its locks at once), and
+//     the panic goes on with body's own value; c's row is left as it
+//     was, for the caller to release.
 //   - When body returns an error, the transaction is rolled back and the
 //     error returned wraps body's. A body error whose code is Aborted
 //     (or that wraps one) is the exception: the Spanner client runs the
@@ -99,7 +103,10 @@ const (
 //     one time in five, aborts body's: the call then answers (a Claim
 //     HeldByOther, about 0.15 s after it began in this package's tests)
 //     and body runs again. On a busy emulator database a body can be
-//     aborted many times over.
+//     aborted many times over. A renewal of c itself ([Backend.Extend],
+//     a heartbeat's) would so abort body's transaction at every renewal:
+//     on the emulator (SPANNER_EMULATOR_HOST set when the Backend was
+//     built) it waits until this call returns instead.
 //   - The transaction runs under ctx: a ctx that ends before the commit
 //     ends the attempt with ctx's error, and nothing is written.
 //
@@ -126,6 +133,7 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 	if err := store.ValidateFingerprint(fp); err != nil {
 		return false, fmt.Errorf("spannerlock: complete %q fence %d in a transaction: %w", c.Key, c.Fence, err)
 	}
+	defer b.enterTx(c)()
 	p := b.params(c)
 	p["fp"] = spanner.NullString{StringVal: fp, Valid: fp != ""}
 	mark := spanner.Statement{
@@ -141,9 +149,24 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 		// client was told that commit aborted.
 		tried bool
 	)
-	fn := func(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+	// panicked is the value the body panicked with: the attempt's
+	// transaction is rolled back (the Spanner client does so for a
+	// function that returns an error; a panic would leave it open on
+	// the server, holding its locks until Spanner ends it for
+	// idleness), then the panic goes on with it.
+	var panicked *bodyPanic
+	fn := func(ctx context.Context, tx *spanner.ReadWriteTransaction) (err error) {
 		phase = phaseBody
-		if err := body(ctx, tx); err != nil {
+		err = func() (err error) {
+			defer func() {
+				if v := recover(); v != nil {
+					panicked = &bodyPanic{v}
+					err = panicked
+				}
+			}()
+			return body(context.WithValue(ctx, inBody{}, true), tx)
+		}()
+		if err != nil {
 			return err
 		}
 		phase = phaseMark
@@ -163,6 +186,9 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 	for n := 0; ; n++ {
 		phase = phaseStart
 		_, err := b.client.ReadWriteTransaction(ctx, fn)
+		if panicked != nil {
+			panic(panicked.v)
+		}
 		switch {
 		case err == nil, errors.Is(err, errLanded):
 			return true, nil
@@ -187,6 +213,91 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 			return false, fmt.Errorf("spannerlock: complete %q fence %d in a transaction: the body failed: %w", c.Key, c.Fence, err)
 		}
 		return false, fmt.Errorf("spannerlock: complete %q fence %d in a transaction: %w", c.Key, c.Fence, err)
+	}
+}
+
+// bodyPanic carries the value a CompleteTx body panicked with out of the
+// Spanner client's transaction, as the error that makes it roll back.
+type bodyPanic struct{ v any }
+
+func (p *bodyPanic) Error() string { return fmt.Sprintf("spannerlock: the body panicked: %v", p.v) }
+
+// txClaim names a claim by what identifies it: a renewal changes its
+// lease expiry.
+type txClaim struct {
+	key, token string
+	fence      int64
+}
+
+// txGate is the CompleteTx calls of one claim running in a Backend.
+type txGate struct {
+	n    int
+	done chan struct{} // closed when the last returns
+}
+
+// enterTx marks a CompleteTx of c as running, on the emulator, until the
+// returned function is called: Extend of c waits for it meanwhile (see
+// [Backend.Extend]). Elsewhere it does nothing.
+func (b *Backend) enterTx(c store.Claim) (leave func()) {
+	if !b.emulator {
+		return func() {}
+	}
+	id := txClaim{c.Key, c.Token, c.Fence}
+	b.inTxMu.Lock()
+	defer b.inTxMu.Unlock()
+	if b.inTx == nil {
+		b.inTx = map[txClaim]*txGate{}
+	}
+	g := b.inTx[id]
+	if g == nil {
+		g = &txGate{done: make(chan struct{})}
+		b.inTx[id] = g
+	}
+	g.n++
+	return func() {
+		b.inTxMu.Lock()
+		defer b.inTxMu.Unlock()
+		if g.n--; g.n == 0 {
+			delete(b.inTx, id)
+			close(g.done)
+		}
+	}
+}
+
+// inBody is the key of a value on a CompleteTx body's context.
+type inBody struct{}
+
+// errTxRunning ends an Extend, on the emulator, that waited for its
+// claim's CompleteTx until the claim's lease expiry: running it would
+// abort the body's transaction, and make the body run again.
+var errTxRunning = errors.New("spannerlock: the claim's CompleteTx is still running past the lease, and the emulator would abort its transaction for this renewal's")
+
+// awaitTx waits, on the emulator, until no CompleteTx of c is running in
+// this Backend (nil), ctx ends (its error), or c's lease expiry passes
+// (errTxRunning). It does not wait on a CompleteTx body's own context:
+// the call is then inside the body, which waits for it (and the Spanner
+// client refuses the nested transaction).
+func (b *Backend) awaitTx(ctx context.Context, c store.Claim) error {
+	if !b.emulator || ctx.Value(inBody{}) != nil {
+		return nil
+	}
+	id := txClaim{c.Key, c.Token, c.Fence}
+	lapse := time.NewTimer(time.Until(c.LeaseExpiry))
+	defer lapse.Stop()
+	for {
+		b.inTxMu.Lock()
+		g := b.inTx[id]
+		b.inTxMu.Unlock()
+		if g == nil {
+			return nil
+		}
+		select {
+		case <-g.done:
+		case <-lapse.C:
+			return errTxRunning
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 

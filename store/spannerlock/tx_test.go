@@ -50,6 +50,35 @@ func effect(ctx context.Context, tx *spanner.ReadWriteTransaction, id string) er
 	return err
 }
 
+// readEffects counts the Effects rows carrying id in tx: a read of the
+// body's own, which takes shared locks on what it reads.
+func readEffects(ctx context.Context, tx *spanner.ReadWriteTransaction, id string) (int, error) {
+	var n int64
+	err := tx.Query(ctx, spanner.Statement{
+		SQL:    "SELECT COUNT(*) FROM " + txTable + " WHERE id = @id",
+		Params: map[string]any{"id": id},
+	}).Do(func(r *spanner.Row) error { return r.Columns(&n) })
+	return int(n), err
+}
+
+// endTx makes the emulator end tx under the body: one DML statement
+// inserts the same primary key twice, which the emulator answers
+// AlreadyExists; the emulator then holds the transaction failed: every
+// later statement in it (the Done mark's UPDATE included) and its Commit
+// fail with that same AlreadyExists, and nothing of it is applied. It
+// returns the statement's error.
+func endTx(ctx context.Context, tx *spanner.ReadWriteTransaction) error {
+	n := store.NewToken()
+	_, err := tx.Update(ctx, spanner.Statement{
+		SQL:    "INSERT INTO " + txTable + " (id, n) VALUES ('endtx', @n), ('endtx', @n)",
+		Params: map[string]any{"n": n},
+	})
+	if err == nil {
+		return errors.New("test: the emulator accepted a duplicate primary key")
+	}
+	return err
+}
+
 // effects counts the committed Effects rows carrying id, with a strong
 // single read.
 func effects(t testing.TB, c *spanner.Client, id string) int {
@@ -187,6 +216,8 @@ func TestContractTx(t *testing.T) {
 			// The Spanner client runs the transaction again after a body
 			// that returns Aborted.
 			Retry: status.Error(codes.Aborted, "test: run the transaction again"),
+			Read:  readEffects,
+			EndTx: endTx,
 		}
 	})
 }
@@ -438,7 +469,7 @@ func TestCompleteTxWithACommitThatDidNotLandFailsAndReleases(t *testing.T) {
 	ctx := t.Context()
 	e := newTxEnv(t)
 	c := e.claim(t, "k", time.Minute)
-	e.r.refuse.Store(&refusal{"Commit", codes.DeadlineExceeded})
+	e.r.refuse.Store(&refusal{method: "Commit", code: codes.DeadlineExceeded})
 	ok, calls, err := e.completeTx(ctx, c, "", "k")
 	if e.r.refused.Load() != 1 {
 		t.Fatalf("%d Commits refused, want 1", e.r.refused.Load())
@@ -469,7 +500,7 @@ func TestCompleteTxThatCannotSettleReturnsErrCommitUnknown(t *testing.T) {
 		// The settling's Release fails at its Commit, with a code no
 		// layer retries (a refused first statement would be sent again
 		// with an explicit BeginTransaction).
-		e.r.refuse.Store(&refusal{"Commit", codes.PermissionDenied})
+		e.r.refuse.Store(&refusal{method: "Commit", code: codes.PermissionDenied})
 	}
 	e.r.loseNextCommit.Store(true)
 	ok, _, err := e.completeTx(ctx, c, "", "k")

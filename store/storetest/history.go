@@ -92,6 +92,10 @@ const opTimeout = 10 * time.Second
 // ttls of real time (so a real-clock harness should keep its TTL at a
 // second or two). With h.Faults, replies are lost and connections cut at
 // random; a call that returns an error is recorded with an unknown outcome.
+// Without faults (no h.Faults, or a negative FaultRate) no call may return
+// an error, unless it ran out of the 10 seconds the run gives one call:
+// with every reply delivered, an answer of unknown outcome is the
+// backend's mistake (an abort or a refusal taken for a lost reply).
 // When the backend is a [store.Purger], PurgeExpired runs now and then.
 // When it is a [store.Fingerprinter], every Complete is a
 // CompleteFingerprint with a fingerprint of the claim's own (none for about
@@ -211,6 +215,7 @@ func checkHistory(t historyT, h Harness, o HistoryOptions) historyStats {
 	t.Logf("history: %d calls by %d clients on %d keys at a time, seed %d, step %v, ttl %v, advance %v, faults %v",
 		o.Ops, o.Keys*o.ClientsPerKey, o.Keys, o.Seed, h.Step, h.TTL, h.Advance != nil, h.Faults != nil && o.FaultRate > 0)
 
+	faulty := h.Faults != nil && o.FaultRate > 0
 	t0 := h.Now()
 	opsPerKey := float64(o.Ops) / float64(o.Keys)
 	// Aim for a run a few ttls long, with a key seeing a call about every
@@ -268,6 +273,24 @@ func checkHistory(t historyT, h Harness, o HistoryOptions) historyStats {
 	default:
 		t.Error(m.counterexample(ops))
 		return st
+	}
+	if !faulty {
+		// No fault was injected: every call had its reply, so an answer
+		// of unknown outcome is a backend's mistake (it took a refusal
+		// or an abort for a lost reply), unless the call ran out of the
+		// run's time for one call.
+		var bad []string
+		for _, op := range ops {
+			in, out := op.Input.(hInput), op.Output.(hOutput)
+			if out.unknown && !out.before && !out.timedOut {
+				bad = append(bad, fmt.Sprintf("client %d: %s", op.ClientId, m.describeOp(in, out)))
+			}
+		}
+		if len(bad) > 0 {
+			t.Errorf("history: UNKNOWN OUTCOME WITHOUT A FAULT: %d calls returned an error although no fault was injected "+
+				"and none ran out of its %v (a backend answers unknown only when a reply was lost); the first: %s",
+				len(bad), opTimeout, strings.Join(bad[:min(len(bad), 5)], "; "))
+		}
 	}
 	if st.restarts < o.MinRestarts {
 		t.Errorf("history: %d fences restarted at 1, want at least %d: too few records were deleted after their expires-at during the run",
@@ -496,6 +519,7 @@ func (r *historyRun) call(in hInput, log *clientLog, f func(ctx context.Context)
 	out := f(ctx)
 	ret := r.seq.Add(1)
 	in.to = r.h.Now().UnixNano()
+	out.timedOut = out.unknown && ctx.Err() != nil
 	cancel()
 	r.calls.Add(1)
 	op := porcupine.Operation{ClientId: in.client, Input: in, Call: call, Output: out, Return: ret}

@@ -57,6 +57,9 @@ type hOutput struct {
 	unknown bool   // the call failed: it may or may not have taken effect
 	err     string // the error, for the report
 	pending bool   // still running where a counterexample was cut
+	// timedOut marks an unknown outcome whose call ran out of its time
+	// (opTimeout): the run's own deadline, not the backend's mistake.
+	timedOut bool
 	// before marks what a call that retried inside the backend may have
 	// done before its answer: a Claim that answered Won may have won once
 	// already, lost that reply, and found its lease overtaken when it tried

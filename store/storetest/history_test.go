@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -159,6 +160,44 @@ func TestHistoryFlagsBrokenBackends(t *testing.T) {
 			}
 			if testing.Verbose() {
 				t.Log(msg)
+			}
+		})
+	}
+}
+
+// unknownWithoutFault is the broken backend's bug that only the rule
+// "no unknown outcome without a fault" catches: one Complete in 50 applies
+// and then answers an error, as a backend that takes an abort or a
+// refusal for a lost reply does. Its history stays linearizable (an
+// unknown outcome may have applied).
+const unknownWithoutFault = "complete answers an error after it applied, with no fault injected"
+
+// With no fault injected, a backend that answers a call with an error
+// (an unknown outcome) is flagged, and the same backend without the bug
+// passes.
+func TestHistoryFlagsUnknownOutcomesWithoutFaults(t *testing.T) {
+	t.Parallel()
+	for _, bug := range []string{"", unknownWithoutFault} {
+		t.Run(strings.ReplaceAll(cmp.Or(bug, "no bug"), " ", "_"), func(t *testing.T) {
+			t.Parallel()
+			b, h := newBroken(t, bug)
+			rec := &recorder{T: t}
+			st := checkHistory(rec, h, HistoryOptions{Ops: 4000, Keys: 20, FaultRate: -1})
+			msg := strings.Join(rec.errors, "\n")
+			if b.lost.Load() != 0 {
+				t.Fatalf("%d replies were lost with faults off", b.lost.Load())
+			}
+			if bug == "" {
+				if msg != "" || st.unknown != 0 {
+					t.Fatalf("the correct backend was flagged (%d unknown outcomes): %s", st.unknown, msg)
+				}
+				return
+			}
+			if st.result != porcupine.Ok {
+				t.Errorf("the history is %v, want linearizable: only the new rule should flag this bug", st.result)
+			}
+			if !strings.Contains(msg, "UNKNOWN OUTCOME WITHOUT A FAULT") || !strings.Contains(msg, "Complete") || !strings.Contains(msg, errLost.Error()) {
+				t.Fatalf("the checker did not flag a backend where %s (%d unknown outcomes); it reported: %q", bug, st.unknown, msg)
 			}
 		})
 	}
@@ -406,7 +445,7 @@ func (b *broken) CompleteFingerprint(ctx context.Context, c store.Claim, fp stri
 			r.until = r.claimedAt.Add(b.ttl)
 		}
 	}
-	if b.replyLost() {
+	if b.replyLost() || b.bug == unknownWithoutFault && b.rng.IntN(50) == 0 {
 		return false, errLost
 	}
 	return res, nil
