@@ -342,6 +342,9 @@ func (c *config) keyAndFingerprint(e event.Event) (key, fp string, fpDone bool, 
 		}
 		if json.Unmarshal(e.Data(), &w) == nil && w.Message != nil {
 			key, err = messageIDKey(w.Message.MessageID, w.Message.MessageIDAlt, e)
+			if !sameFunc(c.key, messageID) {
+				key, err = escapedMessageKey(e, key, err)
+			}
 			sum := w.Message.Data.sum()
 			return key, fingerprintString(DataFingerprintScheme, sum[:]), true, err
 		}

@@ -335,7 +335,7 @@ func FuzzPushHandler(f *testing.F) {
 		}
 		// A Pub/Sub message is keyed by its envelope's messageId; any
 		// other event by its source and id (DefaultKey).
-		if ref, ok := refMessageID(seen.Data()); ok && seen.Type() == PubSubEventType && ref != key {
+		if ref, ok := refMessageID(seen.Data()); ok && seen.Type() == PubSubEventType && joinKeyParts([]string{ref}) != key {
 			t.Fatalf("the record key %q is not the envelope's messageId %q", key, ref)
 		}
 		_, _ = io.Copy(io.Discard, w.Body)
@@ -423,7 +423,9 @@ func FuzzPushHandlerUnwrapped(f *testing.F) {
 }
 
 // FuzzEventIDIsInjective: EventID never gives two different (source, id)
-// pairs one key, so that a different event is never acked as a duplicate.
+// pairs one key, and DefaultKey never gives a Pub/Sub message the key of
+// another event, so that a different event is never acked as a
+// duplicate.
 func FuzzEventIDIsInjective(f *testing.F) {
 	f.Add("a|b", "c", "a", "b|c")
 	f.Add(`a\`, "|c", `a\|`, "c")
@@ -443,6 +445,21 @@ func FuzzEventIDIsInjective(f *testing.F) {
 		}
 		if same := e1.Source() == e2.Source() && e1.ID() == e2.ID(); (k1 == k2) != same {
 			t.Fatalf("(%q, %q) and (%q, %q): keys %q and %q", e1.Source(), e1.ID(), e2.Source(), e2.ID(), k1, k2)
+		}
+		// Nor is a Pub/Sub message under DefaultKey ever keyed as another
+		// event: its messageId spelled as the other's key, or any other.
+		for _, id := range []string{k1, s1, id1} {
+			env, _ := json.Marshal(map[string]any{"message": map[string]any{"messageId": id}})
+			m := event.New()
+			m.SetType(PubSubEventType)
+			m.SetSource("//pubsub.googleapis.com/projects/p/topics/t")
+			m.SetID("ce")
+			if m.SetData("application/json", env) != nil {
+				continue
+			}
+			if km, err := defaultKey(m); err == nil && km == k1 {
+				t.Fatalf("the message with messageId %q and the event (%q, %q) share the key %q", id, e1.Source(), e1.ID(), km)
+			}
 		}
 	})
 }

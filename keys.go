@@ -70,7 +70,10 @@ func eventID(e event.Event) (string, error) {
 // DefaultKey is [Idempotent]'s default KeyFunc: [MessageID] for a Pub/Sub
 // message (an event of [PubSubEventType], as Eventarc and the push
 // handler deliver them), and [EventID] for any other event, such as an
-// Eventarc event of Cloud Storage, Firestore or Cloud Audit Logs.
+// Eventarc event of Cloud Storage, Firestore or Cloud Audit Logs. A
+// messageId with a backslash or a [CompositeKeySeparator] (none that
+// Pub/Sub assigns has one) is escaped as CompositeKey escapes a part, so
+// that no message ever shares a key with another event's source and id.
 func DefaultKey() KeyFunc {
 	return defaultKey
 }
@@ -80,7 +83,25 @@ func defaultKey(e event.Event) (string, error) {
 	if e.Type() != PubSubEventType {
 		return eventID(e)
 	}
-	return messageID(e)
+	k, err := messageID(e)
+	return escapedMessageKey(e, k, err)
+}
+
+// escapedMessageKey is DefaultKey's key of a Pub/Sub message whose
+// messageId keyed it as k (or was refused, err): a messageId with a
+// backslash or a CompositeKeySeparator, which no id Pub/Sub assigns has
+// but a forged push may, is escaped as CompositeKey escapes a part. An
+// EventID key holds one separator that no backslash escapes, an escaped
+// messageId none: no message is ever taken for a duplicate of another
+// event's source and id, hashed (WithHashedKeys) or not.
+func escapedMessageKey(e event.Event, k string, err error) (string, error) {
+	if r, ok := err.(*refusedKeyError); ok && strings.ContainsAny(r.key, `\`+CompositeKeySeparator) {
+		return "", &refusedKeyError{key: joinKeyParts([]string{r.key}), err: r.err}
+	}
+	if err != nil || !strings.ContainsAny(k, `\`+CompositeKeySeparator) {
+		return k, err
+	}
+	return checkedKey(joinKeyParts([]string{k}), "messageId", e)
 }
 
 // messageID decodes only the ids, with encoding/json: the payload and the
