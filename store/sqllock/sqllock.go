@@ -110,6 +110,7 @@ type Backend struct {
 	logger  *slog.Logger
 	d       Dialect
 	q       dialect.Statements
+	mk      mysqlMarker // the MySQL dialect's marker statements (CompleteTx)
 	backoff retry.Policy
 	// probe is the arguments of q.HasFingerprint.
 	probe []any
@@ -178,6 +179,7 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	}
 	b.d = d
 	b.q = sq.Render(b.table)
+	b.mk = newMySQLMarker(b.table)
 	schema, name := "", parts[len(parts)-1]
 	if len(parts) == 2 {
 		schema = parts[0]

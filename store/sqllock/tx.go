@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"strings"
@@ -119,7 +120,9 @@ const SettleTimeout = 30 * time.Second
 // sqllock.tx_marker; MySQL, MariaDB and SQLite: a row in the
 // connection's TEMP table sqllock_tx_marker, which the first CompleteTx
 // on a connection creates; on MySQL and MariaDB that needs the CREATE
-// TEMPORARY TABLES privilege), and the mark's UPDATE requires it (on
+// TEMPORARY TABLES privilege, the table is made in the schema of a
+// schema-qualified WithTable, and no permanent table there may bear its
+// name), and the mark's UPDATE requires it (on
 // MariaDB also @@in_transaction = 1; MySQL 8, which lacks it, is checked
 // with SET TRANSACTION READ WRITE, refused inside a transaction). After
 // body:
@@ -304,21 +307,51 @@ func pgAborted(err error) bool {
 
 // txMarkers numbers the transactions of CompleteTx in this process (see
 // dialect.TxMarker): a connection's marker row, left by an earlier
-// transaction, never holds the number of a later one.
+// transaction, never holds the number of a later one. It starts at a
+// random number, so that two processes' markers do not meet even in a
+// table they would share (a permanent table of the marker's name, which
+// the TEMP table's name then resolves to on MySQL).
 var txMarkers atomic.Int64
+
+func init() { txMarkers.Store(rand.Int64N(1 << 62)) }
+
+// mysqlMarker is the MySQL dialect's statements on the TEMP marker table,
+// named in the backend table's schema when WithTable names one (a
+// connection with no default database then still finds it).
+type mysqlMarker struct {
+	create, write, mariaRead, mysqlRead, boundIdle string
+}
+
+// newMySQLMarker returns the marker statements of a backend on table.
+func newMySQLMarker(table string) mysqlMarker {
+	t := dialect.TxMarker
+	if i := strings.LastIndexByte(table, '.'); i >= 0 {
+		t = table[:i] + "." + t
+	}
+	return mysqlMarker{
+		create: "CREATE TEMPORARY TABLE IF NOT EXISTS " + t + " (k INT NOT NULL PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB",
+		// write takes the number as a literal: without arguments
+		// go-sql-driver/mysql sends one query, not a prepare, an execute
+		// and a close.
+		write:     "INSERT INTO " + t + " (k, n) VALUES (1, %d) ON DUPLICATE KEY UPDATE n = VALUES(n)",
+		mariaRead: "SELECT @@in_transaction, COALESCE((SELECT n FROM " + t + " WHERE k = 1), 0)",
+		mysqlRead: "SELECT 0, COALESCE((SELECT n FROM " + t + " WHERE k = 1), 0)",
+		// boundIdle keeps the session's idle_write_transaction_timeout and
+		// sets it to CommitIdleTimeout (whole seconds): a write
+		// transaction idle for longer, its COMMIT not arriving, is ended
+		// by the server. It also reads the transaction's marker into the
+		// user variable @sqllock_tx_marker, which the mark requires.
+		boundIdle: "SET @sqllock_idle_write_transaction_timeout = @@session.idle_write_transaction_timeout, " +
+			"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second)) + ", " +
+			"@" + dialect.TxMarker + " = (SELECT n FROM " + t + " WHERE k = 1)",
+	}
+}
 
 // The statements on the TEMP marker table.
 var (
-	liteCreateMarker  = "CREATE TEMP TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)"
-	liteWriteMarker   = "INSERT OR REPLACE INTO temp." + dialect.TxMarker + " (k, n) VALUES (1, ?)"
-	liteReadMarker    = "SELECT 1, COALESCE((SELECT n FROM temp." + dialect.TxMarker + " WHERE k = 1), 0)"
-	mysqlCreateMarker = "CREATE TEMPORARY TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INT NOT NULL PRIMARY KEY, n BIGINT NOT NULL) ENGINE=InnoDB"
-	// mysqlWriteMarker takes the number as a literal: without arguments
-	// go-sql-driver/mysql sends one query, not a prepare, an execute and a
-	// close.
-	mysqlWriteMarker = "INSERT INTO " + dialect.TxMarker + " (k, n) VALUES (1, %d) ON DUPLICATE KEY UPDATE n = VALUES(n)"
-	mariaReadMarker  = "SELECT @@in_transaction, COALESCE((SELECT n FROM " + dialect.TxMarker + " WHERE k = 1), 0)"
-	mysqlReadMarker  = "SELECT 0, COALESCE((SELECT n FROM " + dialect.TxMarker + " WHERE k = 1), 0)"
+	liteCreateMarker = "CREATE TEMP TABLE IF NOT EXISTS " + dialect.TxMarker + " (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)"
+	liteWriteMarker  = "INSERT OR REPLACE INTO temp." + dialect.TxMarker + " (k, n) VALUES (1, ?)"
+	liteReadMarker   = "SELECT 1, COALESCE((SELECT n FROM temp." + dialect.TxMarker + " WHERE k = 1), 0)"
 )
 
 // writeMarker writes marker into the connection's TEMP marker table,
@@ -326,7 +359,7 @@ var (
 func (b *Backend) writeMarker(ctx context.Context, tx *sql.Tx, marker int64) error {
 	create, write, args := liteCreateMarker, liteWriteMarker, []any{marker}
 	if b.d == MySQL {
-		create, write, args = mysqlCreateMarker, fmt.Sprintf(mysqlWriteMarker, marker), nil
+		create, write, args = b.mk.create, fmt.Sprintf(b.mk.write, marker), nil
 	}
 	_, err := tx.ExecContext(ctx, write, args...)
 	if err != nil && noSuchTable(err) {
@@ -356,9 +389,9 @@ var mysqlNoTable = regexp.MustCompile(`(^|: )Error 1146\b`)
 func (b *Backend) markerState(ctx context.Context, tx *sql.Tx, marker int64) (open, committed bool, err error) {
 	q := liteReadMarker
 	if b.d == MySQL {
-		q = mariaReadMarker
+		q = b.mk.mariaRead
 		if b.mysqlServer.Load() == serverMySQL {
-			q = mysqlReadMarker
+			q = b.mk.mysqlRead
 		}
 	}
 	var inTx, n int64
@@ -456,15 +489,6 @@ const (
 	// default.
 	mysqlStillInTx = "SET TRANSACTION READ WRITE"
 )
-
-// mariaBoundIdle keeps the session's idle_write_transaction_timeout and
-// sets it to CommitIdleTimeout (whole seconds): a write transaction idle
-// for longer, its COMMIT not arriving, is ended by the server.
-// It also reads the transaction's marker into the user variable
-// @sqllock_tx_marker, which the mark requires (dialect.TxMarker).
-var mariaBoundIdle = "SET @sqllock_idle_write_transaction_timeout = @@session.idle_write_transaction_timeout, " +
-	"@@session.idle_write_transaction_timeout = " + strconv.Itoa(int(CommitIdleTimeout/time.Second)) + ", " +
-	"@" + dialect.TxMarker + " = (SELECT n FROM " + dialect.TxMarker + " WHERE k = 1)"
 
 // CommitIdleTimeout bounds, on the server, how long a transaction of
 // CompleteTx stays open after its Done mark's UPDATE (which locks c's
@@ -651,7 +675,7 @@ func (b *Backend) completeTxOnce(ctx context.Context, c store.Claim, k []byte, s
 	}
 	switch server {
 	case serverMariaDB:
-		if _, err := tx.ExecContext(ctx, mariaBoundIdle); err != nil {
+		if _, err := tx.ExecContext(ctx, b.mk.boundIdle); err != nil {
 			return false, false, txEnded(ctx, "bounding the commit's wait", err)
 		}
 		restore = true
