@@ -320,18 +320,24 @@ func TestTxMutant(t *testing.T) {
 		txMutantClocks.Store(s, clock)
 		db := &rowDB{rows: map[string]int{}, locked: map[string]bool{}}
 		m := &txMutant{Store: s, bug: bug, db: db}
-		return storetest.TxHarness[*rowTx]{
-			Harness: storetest.Harness{Backend: m, TTL: time.Hour, Advance: clock.Advance, Now: clock.Now, Faults: m},
-			Write: func(_ context.Context, tx *rowTx, id string) error {
-				tx.writes = append(tx.writes, id)
-				return nil
-			},
-			Count: db.count,
-			Retry: errTxRetry,
-			Read:  db.read,
-			EndTx: endTx,
-		}
+		return db.harness(storetest.Harness{Backend: m, TTL: time.Hour, Advance: clock.Advance, Now: clock.Now, Faults: m})
 	})
+}
+
+// harness is the TxHarness of a tx mutant h keeping the caller's rows in
+// db.
+func (db *rowDB) harness(h storetest.Harness) storetest.TxHarness[*rowTx] {
+	return storetest.TxHarness[*rowTx]{
+		Harness: h,
+		Write: func(_ context.Context, tx *rowTx, id string) error {
+			tx.writes = append(tx.writes, id)
+			return nil
+		},
+		Count: db.count,
+		Retry: errTxRetry,
+		Read:  db.read,
+		EndTx: endTx,
+	}
 }
 
 // TestSuiteCatchesTxMutants runs RunTx on every tx mutant, each in a

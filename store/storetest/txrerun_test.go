@@ -53,16 +53,6 @@ func TestRunTxOnAStoreThatRerunsTheBodyOnAConflict(t *testing.T) {
 		txMutantClocks.Store(s, clock)
 		db := &rowDB{rows: map[string]int{}, locked: map[string]bool{}}
 		m := &rerunOnConflict{&txMutant{Store: s, db: db}}
-		return storetest.TxHarness[*rowTx]{
-			Harness: storetest.Harness{Backend: m, TTL: time.Hour, Advance: clock.Advance, Now: clock.Now, Faults: m},
-			Write: func(_ context.Context, tx *rowTx, id string) error {
-				tx.writes = append(tx.writes, id)
-				return nil
-			},
-			Count: db.count,
-			Retry: errTxRetry,
-			Read:  db.read,
-			EndTx: endTx,
-		}
+		return db.harness(storetest.Harness{Backend: m, TTL: time.Hour, Advance: clock.Advance, Now: clock.Now, Faults: m})
 	})
 }

@@ -1,7 +1,6 @@
 package storetest_test
 
 import (
-	"context"
 	"runtime"
 	"testing"
 	"time"
@@ -25,16 +24,6 @@ func TestRunTxWithAStepBelowMinLease(t *testing.T) {
 		s := fake.New(fake.WithTTL(time.Second))
 		db := &rowDB{rows: map[string]int{}, locked: map[string]bool{}}
 		m := &txMutant{Store: s, db: db} // the mutant with no bug
-		return storetest.TxHarness[*rowTx]{
-			Harness: storetest.Harness{Backend: m, TTL: time.Second, Step: 20 * time.Millisecond, Faults: m},
-			Write: func(_ context.Context, tx *rowTx, id string) error {
-				tx.writes = append(tx.writes, id)
-				return nil
-			},
-			Count: db.count,
-			Retry: errTxRetry,
-			Read:  db.read,
-			EndTx: endTx,
-		}
+		return db.harness(storetest.Harness{Backend: m, TTL: time.Second, Step: 20 * time.Millisecond, Faults: m})
 	})
 }
