@@ -67,20 +67,41 @@ func startMariaDB(bin, dir string, env ...string) (*Process, string, error) {
 		return nil, "", fmt.Errorf("mariadb-install-db: %w", err)
 	}
 	data := filepath.Join(dir, "data")
+	// Each instance has a temporary directory of its own: with the default
+	// (/tmp) the bootstrap's internal temporary tables of one instance and
+	// another's met in CI (mariadb-install-db failed with "Unknown table
+	// 'mysql.tmp_user_sys'" after "Could not remove temporary table").
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return nil, "", err
+	}
 	asRoot := os.Geteuid() == 0
-	args := []string{"--no-defaults", "--datadir=" + data, "--auth-root-authentication-method=normal", "--skip-test-db"}
+	args := []string{"--no-defaults", "--datadir=" + data, "--tmpdir=" + tmp, "--auth-root-authentication-method=normal", "--skip-test-db"}
 	if asRoot {
 		args = append(args, "--user=root")
 	}
-	if out, err := exec.Command(install, args...).CombinedOutput(); err != nil {
-		return nil, "", fmt.Errorf("mariadb-install-db: %v\n%s", err, out)
+	var out []byte
+	for attempt := 1; ; attempt++ {
+		cmd := exec.Command(install, args...)
+		cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+		if out, err = cmd.CombinedOutput(); err == nil {
+			break
+		}
+		if attempt == 3 {
+			return nil, "", fmt.Errorf("mariadb-install-db (%d attempts): %v\n%s", attempt, err, out)
+		}
+		// A failed bootstrap leaves a partial data directory, which the
+		// next attempt would refuse.
+		if rmErr := os.RemoveAll(data); rmErr != nil {
+			return nil, "", fmt.Errorf("mariadb-install-db: %v\n%s\n(removing the partial data directory: %v)", err, out, rmErr)
+		}
 	}
 	port, addr, err := freeAddr()
 	if err != nil {
 		return nil, "", err
 	}
 	srvArgs := []string{
-		"--no-defaults", "--datadir=" + data, "--socket=" + filepath.Join(dir, "sock"),
+		"--no-defaults", "--datadir=" + data, "--tmpdir=" + tmp, "--socket=" + filepath.Join(dir, "sock"),
 		fmt.Sprintf("--port=%d", port), "--bind-address=127.0.0.1", "--skip-log-bin",
 		"--innodb-flush-log-at-trx-commit=2", "--max-connections=300", "--skip-name-resolve",
 	}
