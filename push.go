@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -259,22 +260,8 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 			http.Error(w, "Pub/Sub push requests are POSTs", http.StatusMethodNotAllowed)
 			return
 		}
-		if pc.auth != nil {
-			if panicked, err := verify(pc.auth, r); panicked {
-				log.ErrorContext(r.Context(), "idempotency: the push verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
-				http.Error(w, "the push verifier failed", http.StatusInternalServerError)
-				return
-			} else if err != nil {
-				status := http.StatusUnauthorized
-				if errors.Is(err, ErrPushForbidden) {
-					status = http.StatusForbidden
-				} else {
-					w.Header().Set("WWW-Authenticate", "Bearer")
-				}
-				log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated push request", "status", status, "error", err)
-				http.Error(w, http.StatusText(status), status)
-				return
-			}
+		if !authorized(w, r, pc.auth, log, "push") {
+			return
 		}
 		var (
 			e      event.Event
@@ -315,6 +302,31 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 		}
 		http.Error(w, err.Error(), status)
 	})
+}
+
+// authorized calls auth, when set, on r, and answers r itself when auth
+// refuses it (see WithPushAuth): it reports whether r may go on. what
+// names the request in the log ("push", "task").
+func authorized(w http.ResponseWriter, r *http.Request, auth func(*http.Request) error, log *slog.Logger, what string) bool {
+	if auth == nil {
+		return true
+	}
+	if panicked, err := verify(auth, r); panicked {
+		log.ErrorContext(r.Context(), "idempotency: the "+what+" verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
+		http.Error(w, "the "+what+" verifier failed", http.StatusInternalServerError)
+		return false
+	} else if err != nil {
+		status := http.StatusUnauthorized
+		if errors.Is(err, ErrPushForbidden) {
+			status = http.StatusForbidden
+		} else {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+		}
+		log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated "+what+" request", "status", status, "error", err)
+		http.Error(w, http.StatusText(status), status)
+		return false
+	}
+	return true
 }
 
 // pushSpanKey is the context key under which PushHandler passes deliver
