@@ -501,18 +501,7 @@ func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
 	if err != nil {
 		return event.Event{}, status, err
 	}
-	one := func(name string) (string, error) {
-		vs := r.Header.Values(name)
-		switch {
-		case len(vs) > 1:
-			return "", fmt.Errorf("%w: header %s is repeated", ErrMalformedEvent, name)
-		case len(vs) == 0:
-			return "", nil
-		case !utf8.ValidString(vs[0]):
-			return "", fmt.Errorf("%w: header %s is not valid UTF-8", ErrMalformedEvent, name)
-		}
-		return vs[0], nil
-	}
+	one := func(name string) (string, error) { return singleHeader(r.Header, name) }
 	var msg struct {
 		Data        []byte            `json:"data,omitempty"`
 		Attributes  map[string]string `json:"attributes,omitempty"`
@@ -557,6 +546,22 @@ func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
 	e := pubsubEventFor(msg.MessageID, sub, msg.PublishTime)
 	setJSONData(&e, data)
 	return e, 0, nil
+}
+
+// singleHeader is the value of header name in h, "" when it is absent,
+// or an error wrapping ErrMalformedEvent when it is repeated or not valid
+// UTF-8: there is then no single value to key on.
+func singleHeader(h http.Header, name string) (string, error) {
+	vs := h.Values(name)
+	switch {
+	case len(vs) > 1:
+		return "", fmt.Errorf("%w: header %s is repeated", ErrMalformedEvent, name)
+	case len(vs) == 0:
+		return "", nil
+	case !utf8.ValidString(vs[0]):
+		return "", fmt.Errorf("%w: header %s is not valid UTF-8", ErrMalformedEvent, name)
+	}
+	return vs[0], nil
 }
 
 // setJSONData makes data, valid JSON, e's data as it is: SetData would

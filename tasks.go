@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/cloudevents/sdk-go/v2/event"
 
@@ -133,14 +132,8 @@ func taskEvent(r *http.Request) (e event.Event, body []byte, status int, err err
 	}
 	var vals [len(taskExtensions)]string
 	for i, name := range names {
-		vs := r.Header.Values(name)
-		switch {
-		case len(vs) > 1:
-			return e, nil, http.StatusBadRequest, fmt.Errorf("%w: header %s is repeated", ErrMalformedEvent, name)
-		case len(vs) == 1 && !utf8.ValidString(vs[0]):
-			return e, nil, http.StatusBadRequest, fmt.Errorf("%w: header %s is not valid UTF-8", ErrMalformedEvent, name)
-		case len(vs) == 1:
-			vals[i] = vs[0]
+		if vals[i], err = singleHeader(r.Header, name); err != nil {
+			return e, nil, http.StatusBadRequest, err
 		}
 	}
 	if vals[0] == "" || vals[1] == "" {
