@@ -220,30 +220,29 @@ func (w *taskResponse) writeTo(rw http.ResponseWriter) {
 	_, _ = rw.Write(w.body.Bytes())
 }
 
-// taskFunc is the CloudEventFunc that TaskHandler guards: it serves the
-// delivery's request to h, with the delivery's context, into a buffer. A
-// response other than a 2xx is a failure, which releases the claim.
-func taskFunc(h http.Handler) CloudEventFunc {
-	return func(ctx context.Context, e event.Event) error {
-		call, _ := ctx.Value(taskCallKey{}).(*taskCall)
-		if call == nil {
-			return fmt.Errorf("%s event %q: a TaskHandler function ran outside TaskHandler", errPrefix, e.ID())
-		}
-		req := call.r.Clone(context.WithValue(ctx, taskCallKey{}, (*taskCall)(nil)))
-		req.Body = io.NopCloser(bytes.NewReader(call.body))
-		req.ContentLength = int64(len(call.body))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(call.body)), nil }
-		resp := &taskResponse{header: http.Header{}}
-		call.resp = resp
-		h.ServeHTTP(resp, req)
-		if resp.status == 0 {
-			resp.status = http.StatusOK // net/http's implicit 200
-		}
-		if resp.ok() {
-			return nil
-		}
-		return withStatus(resp.status, fmt.Errorf("%s task %q of queue %q: the handler answered %d", errPrefix, e.ID(), strings.TrimPrefix(e.Source(), TaskEventSourcePrefix), resp.status))
+// serveTask serves the delivery's request to serve, with the delivery's
+// context, into a fresh buffer (a transactional body may be called more
+// than once: only its last call's response counts). A response other
+// than a 2xx is a failure, which releases the claim.
+func serveTask(ctx context.Context, e event.Event, serve func(http.ResponseWriter, *http.Request)) error {
+	call, _ := ctx.Value(taskCallKey{}).(*taskCall)
+	if call == nil {
+		return fmt.Errorf("%s event %q: a TaskHandler function ran outside TaskHandler", errPrefix, e.ID())
 	}
+	req := call.r.Clone(context.WithValue(ctx, taskCallKey{}, (*taskCall)(nil)))
+	req.Body = io.NopCloser(bytes.NewReader(call.body))
+	req.ContentLength = int64(len(call.body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(call.body)), nil }
+	resp := &taskResponse{header: http.Header{}}
+	call.resp = resp
+	serve(resp, req)
+	if resp.status == 0 {
+		resp.status = http.StatusOK // net/http's implicit 200
+	}
+	if resp.ok() {
+		return nil
+	}
+	return withStatus(resp.status, fmt.Errorf("%s task %q of queue %q: the handler answered %d", errPrefix, e.ID(), strings.TrimPrefix(e.Source(), TaskEventSourcePrefix), resp.status))
 }
 
 // TaskStatusInProgress is the status [TaskHandler] answers a task whose
@@ -317,16 +316,51 @@ func TaskHandler(b store.Backend, h http.Handler, opts ...Option) http.Handler {
 	if h == nil {
 		panic("idempotency.TaskHandler: nil handler")
 	}
+	return taskHandler("TaskHandler", opts, func() CloudEventFunc {
+		return idempotent("TaskHandler", b, opts)(func(ctx context.Context, e event.Event) error {
+			return serveTask(ctx, e, h.ServeHTTP)
+		})
+	})
+}
+
+// TxTaskHandlerFunc is an HTTP handler whose effects are writes in tx, a
+// transaction of the backend's own store (see [TaskHandlerTx]).
+type TxTaskHandlerFunc[Tx any] = func(w http.ResponseWriter, r *http.Request, tx Tx)
+
+// TaskHandlerTx is [TaskHandler] for a handler whose effects are writes
+// to the backend's own store (see [IdempotentTx]): h runs inside the
+// backend's transaction that marks the task done, which commits only when
+// h answers a 2xx; any other answer rolls it back and releases the claim.
+// The store may call h more than once (an aborted transaction is run
+// again): each call answers into a fresh buffer, and only the last
+// call's response is written, after the commit. The statuses are
+// TaskHandler's, with IdempotentTx's differences: a transaction that did
+// not commit is a 500, and a claim superseded while h ran (nothing
+// committed) is a 423 like any task held elsewhere.
+func TaskHandlerTx[Tx any](b store.TxBackend[Tx], h TxTaskHandlerFunc[Tx], opts ...Option) http.Handler {
+	if h == nil {
+		panic("idempotency.TaskHandlerTx: nil handler")
+	}
+	return taskHandler("TaskHandlerTx", opts, func() CloudEventFunc {
+		return idempotentTx("TaskHandlerTx", b, opts)(func(ctx context.Context, e event.Event, tx Tx) error {
+			return serveTask(ctx, e, func(w http.ResponseWriter, r *http.Request) { h(w, r, tx) })
+		})
+	})
+}
+
+// taskHandler is the handler of TaskHandler (fn, for panics) serving the
+// guarded function that guard builds.
+func taskHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Handler {
 	pc := newPushConfig(opts)
 	if err := pc.validate(); err != nil {
-		panic("idempotency.TaskHandler: " + err.Error())
+		panic("idempotency." + fn + ": " + err.Error())
 	}
 	if pc.unwrapped {
-		panic("idempotency.TaskHandler: WithUnwrappedPush is an option of PushHandler only: a Cloud Tasks request is no Pub/Sub push")
+		panic("idempotency." + fn + ": WithUnwrappedPush is an option of PushHandler only: a Cloud Tasks request is no Pub/Sub push")
 	}
 	cfg := newConfig(opts)
 	log := cfg.lock.log()
-	guarded := idempotent("TaskHandler", b, opts)(taskFunc(h))
+	guarded := guard()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !authorized(w, r, pc.auth, log, "task") {
 			return

@@ -335,6 +335,11 @@ func TestTaskHandlerPanicsOnMistakes(t *testing.T) {
 		"nil backend":       func() { idempotency.TaskHandler(nil, ok) },
 		"unwrapped push":    func() { idempotency.TaskHandler(s, ok, idempotency.WithUnwrappedPush()) },
 		"nil push verifier": func() { idempotency.TaskHandler(s, ok, idempotency.WithPushAuth(nil)) },
+		"nil tx handler":    func() { idempotency.TaskHandlerTx[*ledgerTx](nil, nil) },
+		"tx, unwrapped": func() {
+			b, _, _ := newTxStore(t)
+			idempotency.TaskHandlerTx(b, func(http.ResponseWriter, *http.Request, *ledgerTx) {}, idempotency.WithUnwrappedPush())
+		},
 	} {
 		func() {
 			defer func() {
@@ -419,5 +424,47 @@ func TestTaskHandlerGivesHTheRequestContext(t *testing.T) {
 	deliverTask(th, r)
 	if got != "caller's" {
 		t.Fatalf("h's context value %v, want the request's", got)
+	}
+}
+
+// TaskHandlerTx runs h in the store's transaction that marks the task
+// done: a 2xx commits h's writes with the mark and is written only after
+// the commit; a failing answer rolls the writes back and releases the
+// claim; a commit that fails after h answered 2xx is a 500, and the
+// client never sees h's 2xx; a retry of the done task is a 204.
+func TestTaskHandlerTxCommitsTheWritesWithTheTask(t *testing.T) {
+	b, l, _ := newTxStore(t)
+	var runs atomic.Int32
+	h := func(w http.ResponseWriter, r *http.Request, tx *ledgerTx) {
+		body, _ := io.ReadAll(r.Body)
+		tx.rows = append(tx.rows, string(body))
+		if runs.Add(1) == 1 {
+			http.Error(w, "partner refused", http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "charged")
+	}
+	th := idempotency.TaskHandlerTx(b, h, idempotency.WithLogger(newDiscard()))
+	key := taskKey("payments", "charge-1")
+	if w := deliverTask(th, taskRequest("payments", "charge-1", 0, "charge 10")); w.Code != http.StatusBadGateway || w.Body.String() != "partner refused\n" || len(l.committed()) != 0 {
+		t.Fatalf("failing attempt: %d %q, committed %q; want h's 502, nothing committed", w.Code, w.Body, l.committed())
+	}
+	assertReleased(t, b.Store, key)
+	l.commitErr = errors.New("commit lost")
+	if w := deliverTask(th, taskRequest("payments", "charge-1", 1, "charge 10")); w.Code != http.StatusInternalServerError || strings.Contains(w.Body.String(), "charged") || len(l.committed()) != 0 {
+		t.Fatalf("attempt whose commit failed: %d %q, committed %q; want a 500 without h's answer, nothing committed", w.Code, w.Body, l.committed())
+	}
+	if w := deliverTask(th, taskRequest("payments", "charge-1", 2, "charge 10")); w.Code != http.StatusCreated || w.Body.String() != "charged" {
+		t.Fatalf("third attempt: %d %q, want h's 201", w.Code, w.Body)
+	}
+	if w := deliverTask(th, taskRequest("payments", "charge-1", 3, "charge 10")); w.Code != http.StatusNoContent || runs.Load() != 3 {
+		t.Fatalf("retry of the done task: %d, runs %d; want 204, h not run", w.Code, runs.Load())
+	}
+	if got := l.committed(); len(got) != 1 || got[0] != "charge 10" {
+		t.Fatalf("committed %q, want the charge once", got)
+	}
+	if rec, ok := b.Record(key); !ok || rec.State != store.Done {
+		t.Fatalf("record %+v %v, want done", rec, ok)
 	}
 }
