@@ -1,0 +1,63 @@
+package idempotency_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
+)
+
+// A status that net/http would not send as h's final answer is no
+// success: net/http panics on a WriteHeader code outside 100..999 (a
+// handler passing on a zero status from a failed call, say), and a 101
+// written without taking over the connection is not a 2xx either. Behind
+// TaskHandler, such an h must not complete the task, and the client must
+// not see a 2xx: either h's call panics as it would under net/http (the
+// claim is released and Cloud Tasks retries), or the attempt fails.
+func TestTaskHandlerInvalidStatusFromHandlerIsNoSuccess(t *testing.T) {
+	for _, code := range []int{0, -1, 99, 1000, http.StatusSwitchingProtocols} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			s, _ := newStore(t)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(code)
+				fmt.Fprint(w, "sent")
+			})
+			th := idempotency.TaskHandler(s, h, idempotency.WithLogger(newDiscard()))
+			w := httptest.NewRecorder()
+			panicked := func() (p any) {
+				defer func() { p = recover() }()
+				th.ServeHTTP(w, taskRequest("invoices", "inv-status", 0, `{}`))
+				return nil
+			}()
+			if rec, ok := s.Record(taskKey("invoices", "inv-status")); ok && rec.State == store.Done {
+				t.Fatalf("h answered WriteHeader(%d): the task was marked done (client saw %d, panic %v); want it released for a retry", code, w.Code, panicked)
+			}
+			if panicked == nil && w.Code >= 200 && w.Code <= 299 {
+				t.Fatalf("h answered WriteHeader(%d): the client saw %d, a success", code, w.Code)
+			}
+		})
+	}
+}
+
+// What h sets in its header after it wrote the status is not sent, as
+// net/http sends the header as it was at WriteHeader: the client sees
+// the response h would have sent without TaskHandler.
+func TestTaskHandlerSendsTheHeaderAsItWasAtWriteHeader(t *testing.T) {
+	s, _ := newStore(t)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Before", "1")
+		w.WriteHeader(http.StatusAccepted)
+		w.Header().Set("X-After", "1")
+		fmt.Fprint(w, "accepted")
+	})
+	want := httptest.NewRecorder()
+	h.ServeHTTP(want, taskRequest("invoices", "inv-hdr", 0, `{}`))
+	th := idempotency.TaskHandler(s, h, idempotency.WithLogger(newDiscard()))
+	got := deliverTask(th, taskRequest("invoices", "inv-hdr", 0, `{}`)).Result()
+	if wantR := want.Result(); got.StatusCode != wantR.StatusCode || got.Header.Get("X-Before") != "1" || got.Header.Get("X-After") != wantR.Header.Get("X-After") {
+		t.Fatalf("client saw %d %v; without TaskHandler %d %v", got.StatusCode, got.Header, wantR.StatusCode, wantR.Header)
+	}
+}
