@@ -183,9 +183,12 @@ type taskCall struct {
 type taskCallKey struct{}
 
 // taskResponse buffers h's response: nothing reaches the client until
-// the claim has been completed or released.
+// the claim has been completed or released. It keeps net/http's rules for
+// what h writes: the header sent is the header as it was at the final
+// WriteHeader (or the first Write), and a status outside 100..999 panics.
 type taskResponse struct {
 	header http.Header
+	sent   http.Header // header as it was at the final status; nil before
 	status int
 	body   bytes.Buffer
 }
@@ -194,17 +197,24 @@ func (w *taskResponse) Header() http.Header { return w.header }
 
 func (w *taskResponse) Write(p []byte) (int, error) {
 	if w.status == 0 {
-		w.status = http.StatusOK
+		w.WriteHeader(http.StatusOK)
 	}
 	return w.body.Write(p)
 }
 
-// WriteHeader records the first final status; an informational (1xx)
-// status is not buffered.
+// WriteHeader records the first final status, and the header as it is
+// then. An informational status (1xx but 101, which net/http sends as a
+// final one) is not buffered; a code net/http refuses panics as
+// net/http's WriteHeader does, in h, so that the claim is released.
 func (w *taskResponse) WriteHeader(status int) {
-	if w.status == 0 && status >= 200 {
-		w.status = status
+	if status < 100 || status > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", status))
 	}
+	if w.status != 0 || (status < 200 && status != http.StatusSwitchingProtocols) {
+		return
+	}
+	w.status = status
+	w.sent = w.header.Clone()
 }
 
 // ok reports whether h's response is a 2xx, which Cloud Tasks counts as
@@ -213,7 +223,11 @@ func (w *taskResponse) ok() bool { return w.status >= 200 && w.status <= 299 }
 
 // writeTo writes the buffered response to w.
 func (w *taskResponse) writeTo(rw http.ResponseWriter) {
-	for k, vs := range w.header {
+	h := w.sent
+	if h == nil { // h wrote nothing: net/http's implicit 200 sends the header as h left it
+		h = w.header
+	}
+	for k, vs := range h {
 		rw.Header()[k] = vs
 	}
 	rw.WriteHeader(w.status)
@@ -277,7 +291,11 @@ const TaskStatusInProgress = http.StatusLocked
 //
 // When the key is claimed, h serves the request (any method; the body
 // can be read again), with the claim's context, into a buffer: the
-// client sees nothing before the claim is completed or released. A 2xx
+// client sees nothing before the claim is completed or released. The
+// buffer keeps net/http's rules: the header sent is the header as it was
+// when h wrote its status, an informational status (1xx but 101) is not
+// sent, and a WriteHeader code outside 100..999 panics in h, as under
+// net/http (the claim is released, see below). A 2xx
 // from h completes the claim, and h's response (status, headers, body)
 // is then written. Any other status is a failure: the claim is released
 // and h's response is written as it is, which Cloud Tasks retries by the
