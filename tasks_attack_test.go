@@ -61,3 +61,31 @@ func TestTaskHandlerSendsTheHeaderAsItWasAtWriteHeader(t *testing.T) {
 		t.Fatalf("client saw %d %v; without TaskHandler %d %v", got.StatusCode, got.Header, wantR.StatusCode, wantR.Header)
 	}
 }
+
+// A request whose Body is nil (http.NewRequest's, with no body, served
+// by a test or a middleware that calls ServeHTTP itself; the net/http
+// server never makes one) is a task with an empty body, not a panic.
+func TestTaskHandlerServesARequestWithANilBody(t *testing.T) {
+	s, _ := newStore(t)
+	ran := false
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { ran = true })
+	th := idempotency.TaskHandler(s, h, idempotency.WithLogger(newDiscard()))
+	r, err := http.NewRequest(http.MethodPost, "http://example.com/tasks", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Header.Set("X-CloudTasks-QueueName", "invoices")
+	r.Header.Set("X-CloudTasks-TaskName", "inv-nil")
+	w := httptest.NewRecorder()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("TaskHandler panicked on a nil Body: %v", p)
+			}
+		}()
+		th.ServeHTTP(w, r)
+	}()
+	if w.Code != http.StatusOK || !ran {
+		t.Fatalf("client saw %d, h ran %v; want h's 200", w.Code, ran)
+	}
+}
