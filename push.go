@@ -358,13 +358,17 @@ func unwrappedNoKey(err error, hasID bool) error {
 // without a message id.
 const unidentifiedPushType = "io.github.gcp-pubsub-idempotency.push.unidentified"
 
-// readBody reads the request body, up to MaxPushBody. Its buffer grows
+// readBody reads the request body, up to MaxPushBody; a nil Body is an
+// empty one. Its buffer grows
 // towards the request's Content-Length, when it gives one, in at most
 // three steps (io.ReadAll's growth would allocate about twice the body);
 // but only as far as the bytes that arrived vouch for it: the first
 // buffer is at most readAhead, and each next at most 4 times the last, so
 // a request that claims 16 MiB and sends nothing costs 1 MiB.
 func readBody(r *http.Request) ([]byte, int, error) {
+	if r.Body == nil { // a client request served by ServeHTTP directly: no body
+		return []byte{}, 0, nil
+	}
 	body, err := readAll(io.LimitReader(r.Body, MaxPushBody+1), r.ContentLength)
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("reading the body: %w", err)
