@@ -2,8 +2,10 @@ package idempotency_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
@@ -87,5 +89,46 @@ func TestTaskHandlerServesARequestWithANilBody(t *testing.T) {
 	}()
 	if w.Code != http.StatusOK || !ran {
 		t.Fatalf("client saw %d, h ran %v; want h's 200", w.Code, ran)
+	}
+}
+
+// A TaskHandlerTx body the store runs twice (its first commit aborted)
+// answers twice; the client
+// sees the last answer alone (none of the aborted run's header, status or
+// body), once, and only what the last run wrote commits.
+func TestTaskHandlerTxWritesOnlyTheLastRunsResponse(t *testing.T) {
+	for _, second := range []int{http.StatusCreated, http.StatusBadGateway} {
+		t.Run(fmt.Sprint(second), func(t *testing.T) {
+			inner, l, _ := newTxStore(t)
+			b := retryOnce{inner}
+			l.commitErr = errAborted // the first commit conflicts; the store runs the transaction again
+			var runs atomic.Int32
+			h := func(w http.ResponseWriter, r *http.Request, tx *ledgerTx) {
+				body, _ := io.ReadAll(r.Body)
+				n := runs.Add(1)
+				tx.rows = append(tx.rows, fmt.Sprintf("%s (run %d)", body, n))
+				if n == 1 {
+					w.Header().Set("X-First-Run", "1")
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprint(w, "first ")
+					return
+				}
+				w.WriteHeader(second)
+				fmt.Fprint(w, "second")
+			}
+			th := idempotency.TaskHandlerTx[*ledgerTx](b, h, idempotency.WithLogger(newDiscard()))
+			got := deliverTask(th, taskRequest("payments", "charge-rerun", 0, "charge 10")).Result()
+			body, _ := io.ReadAll(got.Body)
+			if runs.Load() != 2 || got.StatusCode != second || string(body) != "second" || got.Header.Get("X-First-Run") != "" {
+				t.Fatalf("runs %d; client saw %d %q %v; want the second run's %d \"second\" alone", runs.Load(), got.StatusCode, body, got.Header, second)
+			}
+			rec, _ := inner.Record(taskKey("payments", "charge-rerun"))
+			switch c := l.committed(); {
+			case second == http.StatusCreated && (len(c) != 1 || c[0] != "charge 10 (run 2)" || rec.State != store.Done):
+				t.Fatalf("committed %q, record %+v; want the second run's row and the task done", c, rec)
+			case second != http.StatusCreated && (len(c) != 0 || rec.State != store.Claimed):
+				t.Fatalf("committed %q, record %+v; want nothing and the task released", c, rec)
+			}
+		})
 	}
 }
