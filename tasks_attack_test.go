@@ -3,6 +3,7 @@ package idempotency_test
 import (
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -129,6 +130,43 @@ func TestTaskHandlerTxWritesOnlyTheLastRunsResponse(t *testing.T) {
 			case second != http.StatusCreated && (len(c) != 0 || rec.State != store.Claimed):
 				t.Fatalf("committed %q, record %+v; want nothing and the task released", c, rec)
 			}
+		})
+	}
+}
+
+// An h that panics after writing a 2xx, over a real connection: the
+// client gets no response at all (net/http drops the connection; nothing
+// was sent before the claim settled), and the claim is released for Cloud
+// Tasks' retry. http.ErrAbortHandler, which net/http does not log, too.
+func TestTaskHandlerPanicAfterA2xxSendsNothing(t *testing.T) {
+	for _, p := range []any{"ledger exploded", http.ErrAbortHandler} {
+		t.Run(fmt.Sprint(p), func(t *testing.T) {
+			s, _ := newStore(t)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusOK)
+				fmt.Fprint(w, "charged")
+				if f, ok := w.(http.Flusher); ok {
+					f.Flush()
+				}
+				panic(p)
+			})
+			srv := httptest.NewUnstartedServer(idempotency.TaskHandler(s, h, idempotency.WithLogger(newDiscard())))
+			srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+			srv.Start()
+			defer srv.Close()
+			r := taskRequest("invoices", "inv-panic", 0, `{}`)
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/tasks/invoice", r.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header = r.Header
+			resp, err := srv.Client().Do(req)
+			if err == nil {
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				t.Fatalf("client got %d %q; want no response", resp.StatusCode, body)
+			}
+			assertReleased(t, s, taskKey("invoices", "inv-panic"))
 		})
 	}
 }
