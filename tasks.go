@@ -262,8 +262,8 @@ func serveTask(ctx context.Context, e event.Event, serve func(http.ResponseWrite
 // TaskStatusInProgress is the status [TaskHandler] answers a task whose
 // key is held by a live claim elsewhere (another attempt of the same task
 // still running): 423 Locked, with a Retry-After header when the store
-// says when the claim lapses. Not a 503: Cloud Tasks answers a 503 (and a
-// 429) by slowing down the whole queue, and one task's overlapping
+// says when the claim lapses. Not a 503: Cloud Tasks answers a 429 or a
+// 5xx by slowing down the whole queue, and one task's overlapping
 // attempts must not slow every other task. Not a 409 either, which
 // [TaskHandler] keeps for a payload mismatch.
 const TaskStatusInProgress = http.StatusLocked
@@ -299,7 +299,7 @@ const TaskStatusInProgress = http.StatusLocked
 // from h completes the claim, and h's response (status, headers, body)
 // is then written. Any other status is a failure: the claim is released
 // and h's response is written as it is, which Cloud Tasks retries by the
-// queue's retry config (and a 429 or 503 of h's own also slows the
+// queue's retry config (and a 429 or 5xx of h's own also slows the
 // queue down). The outcomes:
 //
 //	h answered 2xx                           h's response       the task is done
@@ -317,7 +317,8 @@ const TaskStatusInProgress = http.StatusLocked
 // the queue's max attempts (or max retry duration) runs out, and then
 // drops the task: a 400 or a 409 is the request's fault, and says so to
 // people and monitoring, but it does not stop the retries. The guard
-// itself never answers 429 or 503.
+// itself never answers 429 or 503; its only 5xx is the 500 of a store
+// that failed.
 //
 // [WithPushAuth] works here as on [PushHandler]: with the verify of the
 // module github.com/gcp-pubsub-idempotency/idempotency/pushauth, it checks
