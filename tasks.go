@@ -317,8 +317,8 @@ const TaskStatusInProgress = http.StatusLocked
 // the queue's max attempts (or max retry duration) runs out, and then
 // drops the task: a 400 or a 409 is the request's fault, and says so to
 // people and monitoring, but it does not stop the retries. The guard
-// itself never answers 429 or 503; its only 5xx is the 500 of a store
-// that failed.
+// itself never answers 429 or 503 (its 500, for a store that failed,
+// does slow the queue).
 //
 // [WithPushAuth] works here as on [PushHandler]: with the verify of the
 // module github.com/gcp-pubsub-idempotency/idempotency/pushauth, it checks
