@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -167,6 +168,24 @@ func TestTaskHandlerPanicAfterA2xxSendsNothing(t *testing.T) {
 				t.Fatalf("client got %d %q; want no response", resp.StatusCode, body)
 			}
 			assertReleased(t, s, taskKey("invoices", "inv-panic"))
+		})
+	}
+}
+
+// An ETA header that is no number of seconds is refused with a 400 before
+// anything is claimed, NaN included (strconv.ParseFloat reads "NaN", and
+// no comparison refuses it).
+func TestTaskHandlerRefusesANaNETA(t *testing.T) {
+	for _, eta := range []string{"NaN", "nan", "-NaN"} {
+		t.Run(eta, func(t *testing.T) {
+			s, _ := newStore(t)
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { t.Error("h ran") })
+			r := taskRequest("invoices", "inv-nan", 0, `{}`)
+			r.Header.Set("X-CloudTasks-TaskETA", eta)
+			w := deliverTask(idempotency.TaskHandler(s, h, idempotency.WithLogger(newDiscard())), r)
+			if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "is not a time") || s.Len() != 0 {
+				t.Fatalf("ETA %q: %d %q, records %d; want 400, nothing claimed", eta, w.Code, w.Body, s.Len())
+			}
 		})
 	}
 }
