@@ -112,7 +112,7 @@ func parseTask(vals [len(taskExtensions)]string, names [len(taskExtensions)]stri
 	}
 	if v := vals[4]; v != "" {
 		secs, err := strconv.ParseFloat(v, 64)
-		if err != nil || secs < 0 || math.IsInf(secs, 0) || secs > 1<<40 {
+		if err != nil || !(secs >= 0 && secs <= 1<<40) { // NaN fails both
 			return Task{}, fmt.Errorf("%w: %s %q is not a time in seconds since the Unix epoch", ErrMalformedEvent, names[4], v)
 		}
 		whole, frac := math.Modf(secs)
