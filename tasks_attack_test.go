@@ -189,3 +189,34 @@ func TestTaskHandlerRefusesANaNETA(t *testing.T) {
 		})
 	}
 }
+
+// Trailers reach the client as net/http sends them: the values of the
+// keys h declared in its Trailer header, and of http.TrailerPrefix keys,
+// set after the body.
+func TestTaskHandlerPassesTrailersOn(t *testing.T) {
+	s, _ := newStore(t)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "sent")
+		w.Header().Set("X-Checksum", "abc")
+		w.Header().Set(http.TrailerPrefix+"X-Rows", "1")
+	})
+	srv := httptest.NewServer(idempotency.TaskHandler(s, h, idempotency.WithLogger(newDiscard())))
+	defer srv.Close()
+	r := taskRequest("invoices", "inv-trailer", 0, `{}`)
+	req, err := http.NewRequest(http.MethodPost, srv.URL, r.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = r.Header
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "sent" || resp.Trailer.Get("X-Checksum") != "abc" || resp.Trailer.Get("X-Rows") != "1" || resp.Header.Get("X-Checksum") != "" {
+		t.Fatalf("client saw %q, header %v, trailer %v; want the trailers as trailers", body, resp.Header, resp.Trailer)
+	}
+}
