@@ -185,7 +185,8 @@ type taskCallKey struct{}
 // taskResponse buffers h's response: nothing reaches the client until
 // the claim has been completed or released. It keeps net/http's rules for
 // what h writes: the header sent is the header as it was at the final
-// WriteHeader (or the first Write), and a status outside 100..999 panics.
+// WriteHeader (or the first Write), trailers are read when h is done, and
+// a status outside 100..999 panics.
 type taskResponse struct {
 	header http.Header
 	sent   http.Header // header as it was at the final status; nil before
@@ -232,6 +233,19 @@ func (w *taskResponse) writeTo(rw http.ResponseWriter) {
 	}
 	rw.WriteHeader(w.status)
 	_, _ = rw.Write(w.body.Bytes())
+	// Trailers, as net/http reads them when the handler returns: the
+	// keys declared in the Trailer header, and http.TrailerPrefix keys.
+	declared := map[string]bool{}
+	for _, v := range h.Values("Trailer") {
+		for _, k := range strings.Split(v, ",") {
+			declared[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
+		}
+	}
+	for k, vs := range w.header {
+		if declared[k] || strings.HasPrefix(k, http.TrailerPrefix) {
+			rw.Header()[k] = vs
+		}
+	}
 }
 
 // serveTask serves the delivery's request to serve, with the delivery's
