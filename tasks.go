@@ -3,7 +3,6 @@ package idempotency
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -275,10 +274,12 @@ func serveTask(ctx context.Context, e event.Event, serve func(http.ResponseWrite
 
 // TaskStatusInProgress is the status [TaskHandler] answers a task whose
 // key is held by a live claim elsewhere (another attempt of the same task
-// still running): 423 Locked, with a Retry-After header when the store
-// says when the claim lapses. Not a 503: Cloud Tasks answers a 429 or a
-// 5xx by slowing down the whole queue, and one task's overlapping
-// attempts must not slow every other task. Not a 409 either, which
+// still running): 423 Locked, without a Retry-After header. Not a 503:
+// Cloud Tasks answers a 429 or a 5xx by slowing down the whole queue, and
+// one task's overlapping attempts must not slow every other task. No
+// Retry-After either: Google's reference names a response's Retry-After
+// among what Cloud Tasks considers when it slows a queue down, so the
+// queue's retry config alone spaces the retries. Not a 409, which
 // [TaskHandler] keeps for a payload mismatch.
 const TaskStatusInProgress = http.StatusLocked
 
@@ -319,7 +320,7 @@ const TaskStatusInProgress = http.StatusLocked
 //	h answered 2xx                           h's response       the task is done
 //	duplicate (task done within the ttl)     204 No Content     the task is done; h not run
 //	h answered anything else                 h's response       retried
-//	task held by a live claim elsewhere      423 (Retry-After)  retried; see TaskStatusInProgress
+//	task held by a live claim elsewhere      423                retried; see TaskStatusInProgress
 //	task done with another payload           409                retried until max attempts
 //	  (see WithFingerprint)
 //	no Cloud Tasks headers, a malformed      400                retried until max attempts;
@@ -424,16 +425,11 @@ func taskHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 		status = wireStatus(err)
 		switch {
 		case status == http.StatusServiceUnavailable:
+			// No Retry-After: Google's reference for a task's HttpRequest
+			// lists it among what makes Cloud Tasks slow the whole queue
+			// down, which one task's overlapping attempts must not do; the
+			// queue's retry config spaces the retries.
 			status = TaskStatusInProgress
-			var ip *InProgressError
-			if errors.As(err, &ip) && !ip.Until.IsZero() {
-				now := time.Now
-				if cfg.lock.now != nil {
-					now = cfg.lock.now
-				}
-				secs := math.Ceil(ip.Until.Sub(now()).Seconds())
-				w.Header().Set("Retry-After", strconv.Itoa(int(max(1, min(secs, 1<<31)))))
-			}
 		case status < 400 || status > 599:
 			status = http.StatusInternalServerError // never a 2xx for a failure
 		}

@@ -128,7 +128,7 @@ func TestTaskHandlerFailureReleasesTheClaimAndPassesTheResponseOn(t *testing.T) 
 
 // Two attempts of one task at once (the first ran past the dispatch
 // deadline, and Cloud Tasks retried it): one runs h, the other is
-// answered 423 with a Retry-After, never a 503 (which would slow the
+// answered 423 without a Retry-After, never a 503 (which would slow the
 // whole queue down), and h runs once.
 func TestTaskHandlerConcurrentAttemptsOfOneTaskRunItOnce(t *testing.T) {
 	s, clock := newStore(t)
@@ -151,9 +151,10 @@ func TestTaskHandlerConcurrentAttemptsOfOneTaskRunItOnce(t *testing.T) {
 	if second.Code != http.StatusLocked {
 		t.Fatalf("second attempt: %d, want 423", second.Code)
 	}
-	// The clock stands still: the claim lapses a lease after it.
-	if ra := second.Header().Get("Retry-After"); ra != "60" {
-		t.Fatalf("second attempt: Retry-After %q, want 60 (the lease)", ra)
+	// A Retry-After may slow the whole queue down (see
+	// TaskStatusInProgress): the retry config spaces the retries.
+	if ra, ok := second.Header()["Retry-After"]; ok {
+		t.Fatalf("second attempt: Retry-After %q; want none", ra)
 	}
 	if first.Code != http.StatusOK || first.Body.String() != "done" || runs.Load() != 1 {
 		t.Fatalf("first attempt: %d %q runs %d; want h's 200 from one run", first.Code, first.Body, runs.Load())
