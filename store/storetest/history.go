@@ -117,12 +117,10 @@ const opTimeout = 10 * time.Second
 // What a correct backend may do and the check allows: stamp a call with any
 // instant of its window, not necessarily in the order in which it
 // serializes the calls (a database's statement time); and, when it
-// retries inside a call, extend once before the answer it gives, find its
-// own claim and renew its lease, or win before its answer (Won, or an
-// error) once per lease that fits in the call's window, and once at least
-// before a Won: a retry that comes after its earlier win lapsed and the
-// record moved on wins afresh with the call's token (on a loaded machine a
-// call's retries can span several leases).
+// retries inside a call, win or extend once before the answer it gives
+// (Won, an Extend's answer, or an error when the call outlasted its
+// lease: a retry after its earlier win lapsed and the record moved on wins
+// afresh with the call's token), or find its own claim and renew its lease.
 // It never allows a Claim to answer HeldByOther or AlreadyDone when the
 // call may have won, nor a Complete, Release or Extend to act on a record
 // whose fence matches but whose claim token does not: after a record is
@@ -569,40 +567,28 @@ func (r *historyRun) claim(id, k int, lease time.Duration, log *clientLog) (stor
 	return store.Result{Outcome: out.outcome, Claim: won}, true
 }
 
-// maxRetriedWins bounds the wins retriedWins allows one call before its
-// answer, to keep the checker's search short.
-const maxRetriedWins = 8
-
 // retriedWins returns what the Claim call op (which answered Won, or an
 // error) may also have won before its answer. A backend that retries inside
 // a call (after a lost reply or a cut connection) reuses the call's token:
 // a retry that finds its own claim renews it, but one that comes after that
 // claim's lease lapsed and the record moved on wins afresh, and its reply
-// may be lost too. Each such win needs the one before it to have lapsed, so
-// a call wins at most once more per lease that fits in its window: a call
-// that answered Won gets at least one such win (a retry that renewed its
-// own claim), a call that answered an error one per lease in its window
-// stretched by late (its last attempt's write may land that late). On an
-// idle machine a call's retries are quick and it wins once; on a loaded one
-// a Claim of PostgreSQL's sqllock spanned 6.6 s (lease 800ms) and won at
-// two instants 2.3 s apart, both replies lost, then answered an error.
+// may be lost too. So a call that answered Won may have won once before,
+// and one that answered an error, whose own attempt may have won, may have
+// won once before that when its window (stretched by late: its last
+// attempt's write may land that late) is longer than its lease. On an idle
+// machine a call's retries are quick and it wins once; on a loaded one a
+// Claim of PostgreSQL's sqllock spanned 6.6 s (lease 800ms) and won at two
+// instants 2.3 s apart, both replies lost, then answered an error. More
+// wins per call are not allowed: each one more such op per call multiplies
+// the checker's search (one per lease of the window made it give up after
+// 5 minutes on a loaded machine's history).
 func retriedWins(op porcupine.Operation, late time.Duration) []porcupine.Operation {
 	in, out := op.Input.(hInput), op.Output.(hOutput)
-	span := in.to - in.from
-	if out.unknown {
-		span += int64(late)
+	if out.unknown && in.to+int64(late)-in.from <= int64(in.lease) {
+		return nil
 	}
-	n := int(span / int64(in.lease))
-	if !out.unknown {
-		n = max(n, 1)
-	}
-	n = min(n, maxRetriedWins)
-	wins := make([]porcupine.Operation, n)
-	for i := range wins {
-		wins[i] = op
-		wins[i].Output = hOutput{unknown: true, before: true, token: out.token}
-	}
-	return wins
+	op.Output = hOutput{unknown: true, before: true, token: out.token}
+	return []porcupine.Operation{op}
 }
 
 // fingerprintOf is the payload fingerprint a client completes claim c with
