@@ -131,7 +131,10 @@ func TestMessagesAtFaultAreNackedWithAnErrorLog(t *testing.T) {
 	malformed := ps.srv.Publish(topic, []byte(`not json`), nil)
 	var c counter
 	receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.JSONField("order", "id"))),
-		func(m *pubsub.Message) bool { _, total := c.add(m); return c.n[unkeyed] >= 2 && c.n[malformed] >= 2 && total >= 4 })
+		func(m *pubsub.Message) bool {
+			_, total := c.add(m)
+			return c.n[unkeyed] >= 2 && c.n[malformed] >= 2 && total >= 4
+		})
 	if n := h.count(); n != 0 {
 		t.Fatalf("the handler ran %d times", n)
 	}
@@ -368,7 +371,7 @@ func TestTheHandlersDeadlineFollowsTheClientsSettings(t *testing.T) {
 // Handler and HandlerTx refuse a nil handler when they are called.
 func TestANilHandlerPanics(t *testing.T) {
 	for name, f := range map[string]func(){
-		"Handler":   func() { pull.Handler(nil, fake.New(), nil) },
+		"Handler": func() { pull.Handler(nil, fake.New(), nil) },
 		"HandlerTx": func() {
 			none := func(int) error { return nil }
 			begin := func(context.Context) (int, error) { return 0, nil }
