@@ -17,6 +17,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
 	"github.com/gcp-pubsub-idempotency/idempotency/pull"
+	"github.com/gcp-pubsub-idempotency/idempotency/pull/internal/pulltest"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -43,25 +44,6 @@ func (r *runs) count() int {
 	return len(r.seen)
 }
 
-// counter counts the callbacks that returned, per message id.
-type counter struct {
-	mu sync.Mutex
-	n  map[string]int
-}
-
-func (c *counter) add(m *pubsub.Message) (this, total int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n == nil {
-		c.n = map[string]int{}
-	}
-	c.n[m.ID]++
-	for _, v := range c.n {
-		total += v
-	}
-	return c.n[m.ID], total
-}
-
 // Two publishes of one order, under two message ids, keyed on the order id
 // in the payload: the handler runs once, with the first message, and both
 // are acked (the second as a duplicate).
@@ -74,9 +56,9 @@ func TestOneBusinessKeyUnderTwoMessageIDsRunsOnce(t *testing.T) {
 	data := []byte(`{"order":{"id":"42"}}`)
 	id1 := ps.srv.Publish(topic, data, map[string]string{"source": "a"})
 	id2 := ps.srv.Publish(topic, data, map[string]string{"source": "a"})
-	var c counter
-	receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithKey(idempotency.JSONField("order", "id"))),
-		func(m *pubsub.Message) bool { _, total := c.add(m); return total == 2 })
+	var c pulltest.Counter
+	pulltest.Receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithKey(idempotency.JSONField("order", "id"))),
+		func(m *pubsub.Message) bool { _, total := c.Add(m); return total == 2 })
 	if n := h.count(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
@@ -97,7 +79,7 @@ func TestOneBusinessKeyUnderTwoMessageIDsRunsOnce(t *testing.T) {
 // redelivery runs the handler again and, when it succeeds, is acked.
 func TestAFailedHandlerIsNackedAndItsRedeliveryRunsAgain(t *testing.T) {
 	ps := newFakePubSub(t, false)
-	l, logger := newLogs()
+	l, logger := pulltest.NewLogs()
 	h := &runs{fail: func(n int) error {
 		if n == 1 {
 			return errors.New("the warehouse is down")
@@ -106,12 +88,12 @@ func TestAFailedHandlerIsNackedAndItsRedeliveryRunsAgain(t *testing.T) {
 	}}
 	sub := ps.client.Subscriber(subName)
 	id := ps.srv.Publish(topic, []byte("x"), nil)
-	receive(t, sub, pull.Handler(sub, fake.New(), h.handle, idempotency.WithLogger(logger)),
+	pulltest.Receive(t, sub, pull.Handler(sub, fake.New(), h.handle, idempotency.WithLogger(logger)),
 		func(*pubsub.Message) bool { return h.count() == 2 })
 	if m := ps.message(t, id); m.Acks != 1 || m.Deliveries != 2 {
 		t.Errorf("%d acks, %d deliveries; want 1 and 2", m.Acks, m.Deliveries)
 	}
-	lines := l.find(t, "ERROR", "pulled message failed; nacking")
+	lines := l.Find(t, "ERROR", "pulled message failed; nacking")
 	if len(lines) != 1 || lines[0]["message_id"] != id || !strings.Contains(lines[0]["error"].(string), "the warehouse is down") ||
 		lines[0]["subscription"] != subName {
 		t.Errorf("ERROR lines %v, want one naming the message, the subscription and the error", lines)
@@ -123,17 +105,17 @@ func TestAFailedHandlerIsNackedAndItsRedeliveryRunsAgain(t *testing.T) {
 // handler never runs, and nothing is claimed.
 func TestMessagesAtFaultAreNackedWithAnErrorLog(t *testing.T) {
 	ps := newFakePubSub(t, false)
-	l, logger := newLogs()
+	l, logger := pulltest.NewLogs()
 	s := fake.New()
 	h := &runs{}
 	sub := ps.client.Subscriber(subName)
 	unkeyed := ps.srv.Publish(topic, []byte(`{"order":{}}`), nil)
 	malformed := ps.srv.Publish(topic, []byte(`not json`), nil)
-	var c counter
-	receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.JSONField("order", "id"))),
+	var c pulltest.Counter
+	pulltest.Receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.JSONField("order", "id"))),
 		func(m *pubsub.Message) bool {
-			_, total := c.add(m)
-			return c.n[unkeyed] >= 2 && c.n[malformed] >= 2 && total >= 4
+			_, total := c.Add(m)
+			return c.Of(unkeyed) >= 2 && c.Of(malformed) >= 2 && total >= 4
 		})
 	if n := h.count(); n != 0 {
 		t.Fatalf("the handler ran %d times", n)
@@ -146,7 +128,7 @@ func TestMessagesAtFaultAreNackedWithAnErrorLog(t *testing.T) {
 			t.Errorf("message %s was acked", id)
 		}
 		var found bool
-		for _, r := range l.find(t, "ERROR", "dead-letter topic") {
+		for _, r := range l.Find(t, "ERROR", "dead-letter topic") {
 			found = found || (r["message_id"] == id && r["status"] == float64(400))
 		}
 		if !found {
@@ -162,7 +144,7 @@ func TestAHeldKeyIsNackedAfterABoundedWait(t *testing.T) {
 	const delay = 200 * time.Millisecond
 	pull.SetNackDelay(t, delay)
 	ps := newFakePubSub(t, false)
-	l, logger := newLogs()
+	l, logger := pulltest.NewLogs()
 	s := fake.New()
 	h := &runs{}
 	sub := ps.client.Subscriber(subName)
@@ -172,17 +154,17 @@ func TestAHeldKeyIsNackedAfterABoundedWait(t *testing.T) {
 	}
 	cb := pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger))
 	var (
-		c       counter
+		c       pulltest.Counter
 		mu      sync.Mutex
 		shortes = time.Hour
 	)
-	receive(t, sub, func(ctx context.Context, m *pubsub.Message) {
+	pulltest.Receive(t, sub, func(ctx context.Context, m *pubsub.Message) {
 		start := time.Now()
 		cb(ctx, m)
 		mu.Lock()
 		shortes = min(shortes, time.Since(start))
 		mu.Unlock()
-	}, func(m *pubsub.Message) bool { n, _ := c.add(m); return n == 3 })
+	}, func(m *pubsub.Message) bool { n, _ := c.Add(m); return n == 3 })
 	if n := h.count(); n != 0 {
 		t.Fatalf("the handler ran %d times", n)
 	}
@@ -195,7 +177,7 @@ func TestAHeldKeyIsNackedAfterABoundedWait(t *testing.T) {
 	if m := ps.message(t, id); m.Acks != 0 {
 		t.Error("the message was acked")
 	}
-	if n := len(l.find(t, "WARN", "in progress elsewhere")); n < 3 {
+	if n := len(l.Find(t, "WARN", "in progress elsewhere")); n < 3 {
 		t.Errorf("%d WARN lines, want one per delivery", n)
 	}
 }
@@ -209,7 +191,7 @@ func TestTheNackWaitEndsWithTheContext(t *testing.T) {
 	if _, err := s.Claim(context.Background(), m.ID, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	_, logger := newLogs()
+	_, logger := pulltest.NewLogs()
 	cb := pull.Handler(nil, s, (&runs{}).handle, idempotency.WithLogger(logger))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -235,14 +217,14 @@ func TestAFailedAckOnExactlyOnceDeliveryIsAckedAsADuplicateLater(t *testing.T) {
 	ps := newFakePubSub(t, true, failFirstAck)
 	var skew atomic.Int64 // the server's clock runs ahead by skew
 	ps.srv.SetTimeNowFunc(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
-	l, logger := newLogs()
+	l, logger := pulltest.NewLogs()
 	s := fake.New()
 	h := &runs{}
 	sub := ps.client.Subscriber(subName)
 	id := ps.srv.Publish(topic, []byte("x"), nil)
-	var c counter
-	receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger)), func(m *pubsub.Message) bool {
-		n, _ := c.add(m)
+	var c pulltest.Counter
+	pulltest.Receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger)), func(m *pubsub.Message) bool {
+		n, _ := c.Add(m)
 		if n == 1 {
 			// The ack failed: let its ack deadline (the client's modack of
 			// 60 s) pass on the server, within pstest's 10 minutes'
@@ -257,11 +239,11 @@ func TestAFailedAckOnExactlyOnceDeliveryIsAckedAsADuplicateLater(t *testing.T) {
 	if m := ps.message(t, id); m.Acks != 1 || m.Deliveries != 2 {
 		t.Errorf("%d acks, %d deliveries; want the redelivery's ack (1) and 2", m.Acks, m.Deliveries)
 	}
-	warn := l.find(t, "WARN", "the ack of a pulled message failed")
+	warn := l.Find(t, "WARN", "the ack of a pulled message failed")
 	if len(warn) != 1 || warn[0]["message_id"] != id || !strings.Contains(warn[0]["error"].(string), "injected") {
 		t.Errorf("WARN lines %v, want one for the failed ack", warn)
 	}
-	if n := len(l.find(t, "INFO", "duplicate delivery acknowledged")); n != 1 {
+	if n := len(l.Find(t, "INFO", "duplicate delivery acknowledged")); n != 1 {
 		t.Errorf("%d duplicate lines, want 1", n)
 	}
 }
@@ -275,15 +257,15 @@ func (r reactor) React(req any) (bool, any, error) { return r(req) }
 func TestTheDisableSwitchRunsUnguarded(t *testing.T) {
 	t.Setenv(idempotency.DisableEnv, "1")
 	ps := newFakePubSub(t, false)
-	_, logger := newLogs()
+	_, logger := pulltest.NewLogs()
 	s := fake.New()
 	h := &runs{}
 	sub := ps.client.Subscriber(subName)
 	id1 := ps.srv.Publish(topic, []byte(`{"id":1}`), nil)
 	id2 := ps.srv.Publish(topic, []byte(`{"id":1}`), nil)
-	var c counter
-	receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.JSONField("id"))),
-		func(m *pubsub.Message) bool { _, total := c.add(m); return total == 2 })
+	var c pulltest.Counter
+	pulltest.Receive(t, sub, pull.Handler(sub, s, h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.JSONField("id"))),
+		func(m *pubsub.Message) bool { _, total := c.Add(m); return total == 2 })
 	if n := h.count(); n != 2 {
 		t.Errorf("the handler ran %d times, want 2", n)
 	}
@@ -321,7 +303,7 @@ func TestTheHandlerEndsWithTheAckDeadlineExtension(t *testing.T) {
 		lease = r.LeaseExpiry
 		return nil
 	}, idempotency.WithLeaseFromDeadline(margin))
-	receive(t, sub, func(ctx context.Context, m *pubsub.Message) {
+	pulltest.Receive(t, sub, func(ctx context.Context, m *pubsub.Message) {
 		start = time.Now()
 		cb(ctx, m)
 	}, func(*pubsub.Message) bool { return true })
