@@ -33,7 +33,7 @@ func BenchmarkPullCallback(b *testing.B) {
 	handle := func(context.Context, *pubsub.Message) error { return nil }
 	ctx := context.Background()
 
-	b.Run("guarded", func(b *testing.B) {
+	b.Run("impl=guarded", func(b *testing.B) {
 		// As docs/pull.md advises: the lease follows the client's
 		// extension of the ack deadline.
 		cb := pull.Handler(nil, newRedis(b), handle, idempotency.WithLogger(slog.New(slog.DiscardHandler)), idempotency.WithLeaseFromDeadline(0))
@@ -42,7 +42,7 @@ func BenchmarkPullCallback(b *testing.B) {
 			cb(ctx, next())
 		}
 	})
-	b.Run("bare+2writes", func(b *testing.B) {
+	b.Run("impl=bare-2-writes", func(b *testing.B) {
 		prefix := "bench-bare-" + strconv.FormatInt(seq.Add(1), 10) + ":"
 		b.ReportAllocs()
 		for b.Loop() {
