@@ -45,8 +45,8 @@ func (r *runs) count() int {
 }
 
 // Two publishes of one order, under two message ids, keyed on the order id
-// in the payload: the handler runs once, with the first message, and both
-// are acked (the second as a duplicate).
+// in the payload: the handler runs once, with one of them as published,
+// and both are acked (the other as a duplicate).
 func TestOneBusinessKeyUnderTwoMessageIDsRunsOnce(t *testing.T) {
 	ps := newFakePubSub(t, false)
 	s := fake.New()
@@ -62,8 +62,8 @@ func TestOneBusinessKeyUnderTwoMessageIDsRunsOnce(t *testing.T) {
 	if n := h.count(); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
 	}
-	if got := h.seen[0]; got.ID != id1 || string(got.Data) != string(data) || got.Attributes["source"] != "a" {
-		t.Errorf("the handler got message %s %q %v, want the first one as published", got.ID, got.Data, got.Attributes)
+	if got := h.seen[0]; (got.ID != id1 && got.ID != id2) || string(got.Data) != string(data) || got.Attributes["source"] != "a" {
+		t.Errorf("the handler got message %s %q %v, want one of %s and %s as published", got.ID, got.Data, got.Attributes, id1, id2)
 	}
 	for _, id := range []string{id1, id2} {
 		if m := ps.message(t, id); m.Acks != 1 || m.Deliveries != 1 {
