@@ -91,7 +91,11 @@ var (
 // earlier than the callback's start when the message waited for flow
 // control. Set MaxExtension above the longest run of h, use
 // [idempotency.WithHeartbeat] for long handlers, and keep
-// MaxOutstandingMessages near what the process can run at once.
+// MaxOutstandingMessages near what the process can run at once. With the
+// client's default MaxExtension (60 minutes) and the default lease (15
+// minutes), each delivery logs a warning that it may outlive its lease,
+// and rightly: choose WithLeaseFromDeadline, WithHeartbeat, or a
+// MaxExtension no longer than the lease.
 //
 // The Ack is AckWithResult, whose result the callback awaits for at most
 // five seconds: on a subscription with exactly-once delivery it is the

@@ -13,9 +13,9 @@ replace (
 require (
 	cloud.google.com/go/pubsub/v2 v2.9.0
 	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
-	github.com/gcp-pubsub-idempotency/idempotency/pull v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.0.0-00010101000000-000000000000
-	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.0.0-00010101000000-000000000000
+	github.com/gcp-pubsub-idempotency/idempotency/pull v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	google.golang.org/api v0.316.0
