@@ -12,10 +12,10 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/cloudevents/sdk-go/v2/event"
-	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/optview"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/wire"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -186,16 +186,14 @@ func (r *receiver) callback(guarded idempotency.CloudEventFunc) func(context.Con
 
 // settle acks or nacks m by err, what the guarded function returned.
 func (r *receiver) settle(ctx context.Context, m *pubsub.Message, err error) {
-	status := http.StatusOK
-	if err != nil {
+	// The status a push of m would go out with; Idempotent gives every
+	// failure a 4xx or 5xx, and no failure may ack.
+	status := wire.Status(err)
+	if err != nil && (status < 400 || status > 599) {
 		status = http.StatusInternalServerError
-		var res *cehttp.Result
-		if errors.As(err, &res) && res != nil {
-			status = res.StatusCode
-		}
 	}
 	switch {
-	case status >= 200 && status <= 299:
+	case err == nil:
 		r.ack(ctx, m)
 	case status == http.StatusServiceUnavailable:
 		// Logged (WARN) by the guard. Wait before the nack, so that a key

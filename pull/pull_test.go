@@ -372,3 +372,37 @@ func TestANilHandlerPanics(t *testing.T) {
 		}()
 	}
 }
+
+// A message whose key was done by another payload is nacked, with the
+// guard's one ERROR line carrying both fingerprints and no second line
+// of the callback's own; it never runs.
+func TestAPayloadMismatchIsNackedWithOneErrorLine(t *testing.T) {
+	ps := newFakePubSub(t, false)
+	l, logger := pulltest.NewLogs()
+	h := &runs{}
+	sub := ps.client.Subscriber(subName)
+	sub.ReceiveSettings.MaxOutstandingMessages = 1 // the second waits for the first to finish
+	ids := []string{
+		ps.srv.Publish(topic, []byte("one payload"), map[string]string{"order_id": "9"}),
+		ps.srv.Publish(topic, []byte("another payload"), map[string]string{"order_id": "9"}),
+	}
+	var c pulltest.Counter
+	pulltest.Receive(t, sub, pull.Handler(sub, fake.New(), h.handle, idempotency.WithLogger(logger), idempotency.WithKey(idempotency.Attribute("order_id"))),
+		func(m *pubsub.Message) bool { n, _ := c.Add(m); return n == 2 })
+	if n := h.count(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+	ran := h.seen[0].ID
+	for _, id := range ids {
+		if acks := ps.message(t, id).Acks; (id == ran) != (acks == 1) {
+			t.Errorf("message %s: %d acks; want 1 for the one that ran, 0 for the other", id, acks)
+		}
+	}
+	mismatches := l.Find(t, "ERROR", "different payload")
+	if len(mismatches) < 2 || mismatches[0]["stored_fingerprint"] == nil || mismatches[0]["delivered_fingerprint"] == nil {
+		t.Errorf("ERROR lines %v, want one with both fingerprints per delivery of the other payload", mismatches)
+	}
+	if n := len(l.Find(t, "ERROR", "pulled message")); n != 0 {
+		t.Errorf("%d ERROR lines of the callback's own, want none", n)
+	}
+}
