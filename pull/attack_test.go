@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,8 +69,8 @@ func TestAPanickingHandlerIsNackedAndItsRedeliveryRunsAgain(t *testing.T) {
 	if r, _ := s.Record(id); r.State != store.Done {
 		t.Errorf("the key is %v after the redelivery, want done", r.State)
 	}
-	if len(l.Find(t, "ERROR", "panic")) == 0 {
-		t.Error("no ERROR line names the panic")
+	if lines := l.Find(t, "ERROR", "pulled message failed"); len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0]["error"]), "panicked: boom") {
+		t.Errorf("ERROR lines %v, want one naming the panic", lines)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -62,6 +63,7 @@ var (
 //	  port refuses (400)
 //	key done with another payload (409)   Nack; ERROR
 //	h's error, or the claim failed        Nack; ERROR
+//	h panicked                            Nack; ERROR, with the stack
 //
 // A message Nacked for a 400 or a 409 is redelivered until the
 // subscription's dead-letter policy moves it to the dead-letter topic
@@ -82,8 +84,10 @@ var (
 // started (the client's default when sub is nil or its MaxExtension is
 // 0: 60 minutes; no end when it is negative, which turns off the
 // client's extension): the client extends the message's ack deadline
-// until then, and stops after. Without [idempotency.WithHeartbeat] and
-// WithLeaseFromDeadline, the lease ends it sooner when it is shorter
+// until then, and stops after. Without [idempotency.WithHeartbeat], and
+// without WithLeaseFromDeadline or with it but a negative MaxExtension
+// (no deadline to size the lease from), the lease ends it sooner when it
+// is shorter
 // (the default lease, 15 minutes, is): nothing renews the claim, so h
 // is cancelled before its lease lapses rather than run on a claim
 // another delivery may take. With [idempotency.WithLeaseFromDeadline]
@@ -108,8 +112,12 @@ var (
 // Nack calls counts and later ones have no effect, so an Ack of h's own
 // before it fails loses the message (its key is released, and no
 // redelivery comes), and a Nack of h's own before it succeeds brings a
-// redelivery that is acked as a duplicate. sub may be nil: the client's
-// defaults then apply, and the envelope names no subscription. Handler
+// redelivery that is acked as a duplicate. A panic in h does not end
+// the process, as it would on the client's callback goroutine: the guard
+// releases the claim, and the callback recovers the panic, logs it with
+// its stack and nacks the message, as net/http drops (and so nacks) a
+// push whose handler panicked. sub may be nil: the client's defaults then
+// apply, and the envelope names no subscription. Handler
 // panics on a nil h, and on what Idempotent panics on.
 func Handler(sub *pubsub.Subscriber, b store.Backend, h Func, opts ...idempotency.Option) func(context.Context, *pubsub.Message) {
 	if h == nil {
@@ -169,8 +177,11 @@ func newReceiver(sub *pubsub.Subscriber, opts []idempotency.Option) *receiver {
 	}
 	// A lease nothing renews or sizes from the deadline bounds h too: the
 	// claim is taken after the callback starts, so h's context ends before
-	// the claim's lease does, and h never runs on a lapsed claim.
-	if !view.FromDeadline && view.Heartbeat == 0 && (r.maxExt == 0 || view.Lease < r.maxExt) {
+	// the claim's lease does, and h never runs on a lapsed claim. Without
+	// a deadline (no extension), WithLeaseFromDeadline falls back to that
+	// fixed lease.
+	sized := view.FromDeadline && r.maxExt > 0
+	if !sized && view.Heartbeat == 0 && (r.maxExt == 0 || view.Lease < r.maxExt) {
 		r.maxExt = view.Lease
 	}
 	return r
@@ -186,9 +197,22 @@ func (r *receiver) callback(guarded idempotency.CloudEventFunc) func(context.Con
 			hctx, cancel = context.WithTimeout(ctx, r.maxExt)
 			defer cancel()
 		}
-		err := guarded(context.WithValue(hctx, messageKey{}, m), r.event(m))
+		err := r.run(context.WithValue(hctx, messageKey{}, m), m, guarded)
 		r.settle(ctx, m, err)
 	}
+}
+
+// run runs m through guarded, with a panic in it (the claim released by
+// the guard) returned as an error: the client calls the callback on a
+// goroutine of its own, where a panic would end the process and leave
+// every other message in flight in it claimed until its lease lapses.
+func (r *receiver) run(ctx context.Context, m *pubsub.Message, guarded idempotency.CloudEventFunc) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("pull: the handler panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return guarded(ctx, r.event(m))
 }
 
 // settle acks or nacks m by err, what the guarded function returned.
