@@ -15,6 +15,7 @@ import (
 
 	"cloud.google.com/go/pubsub/v2"
 	"github.com/cloudevents/sdk-go/v2/event"
+	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
@@ -201,4 +202,20 @@ func pushEnvelope(m *pubsub.Message, sub string) []byte {
 	}
 	b, _ := json.Marshal(env)
 	return b
+}
+
+// A handler's error that carries a 503 status of its own (a cloudevents
+// HTTP result, not ErrInProgress, which the guard logs) is nacked after
+// the wait like a held key, with a WARN line that says so: otherwise the
+// message comes back again and again and no line anywhere tells why.
+func TestAHandlersOwn503IsNackedWithAWarnLine(t *testing.T) {
+	pull.SetNackDelay(t, 0)
+	l, logger := pulltest.NewLogs()
+	pull.Handler(nil, fake.New(), func(context.Context, *pubsub.Message) error {
+		return cehttp.NewResult(http.StatusServiceUnavailable, "downstream busy")
+	}, idempotency.WithLogger(logger))(context.Background(), &pubsub.Message{ID: "1"})
+	lines := append(l.Find(t, "WARN", ""), l.Find(t, "ERROR", "")...)
+	if len(lines) != 1 || !strings.Contains(fmt.Sprint(lines[0]["error"]), "downstream busy") || lines[0]["message_id"] != "1" {
+		t.Errorf("log lines %v, want one naming the message and the handler's error", lines)
+	}
 }
