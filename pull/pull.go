@@ -59,6 +59,7 @@ var (
 //	h returned nil, or duplicate          Ack (with its result: see below)
 //	key held elsewhere (a 503 on push)    Nack after a wait of 0.5 to 1 s; WARN
 //	h's error wraps ErrInProgress (503)   Nack after the same wait; WARN
+//	h's error carries a 503 status        Nack after the same wait; WARN
 //	no key, malformed (400), key the      Nack; ERROR
 //	  port refuses (400)
 //	key done with another payload (409)   Nack; ERROR
@@ -227,8 +228,13 @@ func (r *receiver) settle(ctx context.Context, m *pubsub.Message, err error) {
 	case err == nil:
 		r.ack(ctx, m)
 	case status == http.StatusServiceUnavailable:
-		// Logged (WARN) by the guard. Wait before the nack, so that a key
-		// held elsewhere does not spin.
+		// A held key, or ErrInProgress, was logged (WARN) by the guard; a
+		// 503 of h's own was not. Wait before the nack, so that a key held
+		// elsewhere does not spin.
+		if !errors.Is(err, idempotency.ErrInProgress) {
+			r.log.WarnContext(ctx, "idempotency: the handler of a pulled message answered 503; nacking after a wait for a later retry",
+				append(r.attrs(m), "status", status, "error", err)...)
+		}
 		wait(ctx, nackDelayMax/2+rand.N(nackDelayMax/2+1))
 		m.Nack()
 	case status == http.StatusConflict && errors.Is(err, idempotency.ErrPayloadMismatch):
