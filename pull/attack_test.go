@@ -219,3 +219,30 @@ func TestAHandlersOwn503IsNackedWithAWarnLine(t *testing.T) {
 		t.Errorf("log lines %v, want one naming the message and the handler's error", lines)
 	}
 }
+
+// HandlerTx recovers a panic of h as Handler does: the transaction is
+// rolled back, nothing commits, the claim is released (a redelivery may
+// claim the key at once), and the callback returns.
+func TestAPanickingTxHandlerRollsBackAndReleasesTheKey(t *testing.T) {
+	var commits, rollbacks atomic.Int32
+	s := fake.New()
+	b := fake.NewTx(s, func(context.Context) (int, error) { return 0, nil },
+		func(int) error { commits.Add(1); return nil },
+		func(int) error { rollbacks.Add(1); return nil })
+	_, logger := pulltest.NewLogs()
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("the panic %v escaped the callback", p)
+			}
+		}()
+		pull.HandlerTx[int](nil, b, func(context.Context, *pubsub.Message, int) error { panic("boom") },
+			idempotency.WithLogger(logger))(context.Background(), &pubsub.Message{ID: "1"})
+	}()
+	if commits.Load() != 0 || rollbacks.Load() != 1 {
+		t.Errorf("%d commits, %d rollbacks; want none and one", commits.Load(), rollbacks.Load())
+	}
+	if res, err := s.Claim(context.Background(), "1", time.Minute); err != nil || res.Outcome != store.Won {
+		t.Errorf("the key after the panic: %+v, %v; want it free to claim", res, err)
+	}
+}
