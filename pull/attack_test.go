@@ -246,3 +246,28 @@ func TestAPanickingTxHandlerRollsBackAndReleasesTheKey(t *testing.T) {
 		t.Errorf("the key after the panic: %+v, %v; want it free to claim", res, err)
 	}
 }
+
+// WithHeartbeat renews nothing on a backend that is not a
+// store.Extender (the guard says so at WARN and runs on the fixed
+// lease): a wrapper that exposes only store.Backend is one. The lease,
+// which nothing renews, must then still end the handler's context, as
+// without the option.
+func TestAHeartbeatTheBackendCannotRenewLeavesTheLeaseBound(t *testing.T) {
+	const lease = 2 * time.Minute
+	s := fake.New()
+	b := struct{ store.Backend }{s} // no Extend
+	var (
+		deadline, expiry time.Time
+		has              bool
+	)
+	_, logger := pulltest.NewLogs()
+	pull.Handler(nil, b, func(ctx context.Context, m *pubsub.Message) error {
+		deadline, has = ctx.Deadline()
+		r, _ := s.Record(m.ID)
+		expiry = r.LeaseExpiry
+		return nil
+	}, idempotency.WithLease(lease), idempotency.WithHeartbeat(time.Second), idempotency.WithLogger(logger))(context.Background(), &pubsub.Message{ID: "1"})
+	if !has || deadline.After(expiry) {
+		t.Errorf("the handler's deadline is %v (%v) after its claim's lease (%v, not renewed) ends", deadline.Sub(expiry), has, lease)
+	}
+}
