@@ -85,7 +85,9 @@ var (
 // started (the client's default when sub is nil or its MaxExtension is
 // 0: 60 minutes; no end when it is negative, which turns off the
 // client's extension): the client extends the message's ack deadline
-// until then, and stops after. Without [idempotency.WithHeartbeat], and
+// until then, and stops after. Without [idempotency.WithHeartbeat] (or
+// with it on a backend that is no [store.Extender], which it cannot
+// renew), and
 // without WithLeaseFromDeadline or with it but a negative MaxExtension
 // (no deadline to size the lease from), the lease ends it sooner when it
 // is shorter
@@ -127,7 +129,7 @@ func Handler(sub *pubsub.Subscriber, b store.Backend, h Func, opts ...idempotenc
 	guarded := idempotency.Idempotent(b, opts...)(func(ctx context.Context, _ event.Event) error {
 		return h(ctx, messageOf(ctx))
 	})
-	return newReceiver(sub, opts).callback(guarded)
+	return newReceiver(sub, b, opts).callback(guarded)
 }
 
 // HandlerTx is [Handler] for a transactional backend (see
@@ -145,7 +147,7 @@ func HandlerTx[Tx any](sub *pubsub.Subscriber, b store.TxBackend[Tx], h TxFunc[T
 	guarded := idempotency.IdempotentTx(b, opts...)(func(ctx context.Context, _ event.Event, tx Tx) error {
 		return h(ctx, messageOf(ctx), tx)
 	})
-	return newReceiver(sub, opts).callback(guarded)
+	return newReceiver(sub, b, opts).callback(guarded)
 }
 
 // messageKey is the context key under which the callback passes the
@@ -164,7 +166,7 @@ type receiver struct {
 	log          *slog.Logger
 }
 
-func newReceiver(sub *pubsub.Subscriber, opts []idempotency.Option) *receiver {
+func newReceiver(sub *pubsub.Subscriber, b any, opts []idempotency.Option) *receiver {
 	view := optview.Of(opts)
 	r := &receiver{maxExt: pubsub.DefaultReceiveSettings.MaxExtension, log: view.Logger}
 	if sub != nil {
@@ -180,9 +182,12 @@ func newReceiver(sub *pubsub.Subscriber, opts []idempotency.Option) *receiver {
 	// claim is taken after the callback starts, so h's context ends before
 	// the claim's lease does, and h never runs on a lapsed claim. Without
 	// a deadline (no extension), WithLeaseFromDeadline falls back to that
-	// fixed lease.
+	// fixed lease; and WithHeartbeat renews nothing on a backend that
+	// cannot extend a lease.
 	sized := view.FromDeadline && r.maxExt > 0
-	if !sized && view.Heartbeat == 0 && (r.maxExt == 0 || view.Lease < r.maxExt) {
+	_, extends := b.(store.Extender)
+	renewed := view.Heartbeat > 0 && extends
+	if !sized && !renewed && (r.maxExt == 0 || view.Lease < r.maxExt) {
 		r.maxExt = view.Lease
 	}
 	return r
