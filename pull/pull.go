@@ -87,11 +87,10 @@ var (
 // client's extension): the client extends the message's ack deadline
 // until then, and stops after. Without [idempotency.WithHeartbeat] (or
 // with it on a backend that is no [store.Extender], which it cannot
-// renew), and
-// without WithLeaseFromDeadline or with it but a negative MaxExtension
-// (no deadline to size the lease from), the lease ends it sooner when it
-// is shorter
-// (the default lease, 15 minutes, is): nothing renews the claim, so h
+// renew), and without WithLeaseFromDeadline (or with it but a negative
+// MaxExtension: no deadline to size the lease from), the lease ends it
+// sooner when it is shorter (the default lease, 15 minutes, is): nothing
+// renews the claim, so h
 // is cancelled before its lease lapses rather than run on a claim
 // another delivery may take. With [idempotency.WithLeaseFromDeadline]
 // the claim's lease then ends with the extension (plus the settle
