@@ -40,6 +40,7 @@ var stormSettings = []struct {
 	{"storm.instances", "STORM_INSTANCES", "4", "function instances behind the balancer"},
 	{"storm.crash-rate", "STORM_CRASH_RATE", "0.1", "chance that an instance exits right after a send, before Complete"},
 	{"storm.kill-every", "STORM_KILL_EVERY", "300ms", "how often a random instance is SIGKILLed"},
+	{"storm.pull-kill-every", "STORM_PULL_KILL_EVERY", "3s", "how often the pull storm SIGKILLs a subscriber inside its callback (none if none is within half the interval; each kill strands the messages the process held for an ack deadline)"},
 	{"storm.lease", "STORM_LEASE", "2s", "the function's lease (IDEMPOTENCY_LEASE)"},
 	{"storm.backend", "STORM_BACKEND", "datastore,redis,postgres", "the backends to storm, in turn (comma-separated)"},
 }
@@ -60,6 +61,7 @@ type stormParams struct {
 	Orders, Instances int
 	CrashRate         float64
 	KillEvery, Lease  time.Duration
+	PullKillEvery     time.Duration
 	Backends          []string
 }
 
@@ -105,6 +107,12 @@ func loadStormParams(setFlags map[string]string, getenv func(string) string) (st
 	})
 	num("STORM_KILL_EVERY", func(v string) (err error) {
 		if p.KillEvery, err = time.ParseDuration(v); err == nil && p.KillEvery <= 0 {
+			err = errors.New("want a positive interval: a storm without kills proves nothing")
+		}
+		return err
+	})
+	num("STORM_PULL_KILL_EVERY", func(v string) (err error) {
+		if p.PullKillEvery, err = time.ParseDuration(v); err == nil && p.PullKillEvery <= 0 {
 			err = errors.New("want a positive interval: a storm without kills proves nothing")
 		}
 		return err
@@ -252,50 +260,12 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 	ps.subscribe(t, "orders-a", "orders", f.lb.URL)
 	ps.subscribe(t, "orders-b", "orders", f.lb.URL)
 
-	stopKilling := make(chan struct{})
-	killerDone := make(chan struct{})
-	go func() {
-		defer close(killerDone)
-		tick := time.NewTicker(p.KillEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopKilling:
-				return
-			case <-tick.C:
-				f.killAny(time.Second)
-			}
-		}
-	}()
-	stopKillers := sync.OnceFunc(func() { close(stopKilling); <-killerDone })
+	stopKillers := f.killEvery(p.KillEvery, func() { f.killAny(time.Second) })
 	defer stopKillers()
 
-	// Order ids carry a run id, so storms sharing a server never share keys.
-	run := fmt.Sprintf("%06d", rand.IntN(1e6))
-	keys := make([]string, p.Orders)
 	res := stormResult{Backend: backend, Orders: p.Orders, Instances: p.Instances, Lease: p.Lease, CrashRate: p.CrashRate, KillEvery: p.KillEvery}
-	// Ten orders per publish request, one request per kill interval: the
-	// orders arrive over a stretch of kills, not all before the first.
-	const perRequest = 10
-	for i := 0; i < p.Orders; i += perRequest {
-		if i > 0 {
-			time.Sleep(p.KillEvery)
-		}
-		var batch []pubMessage
-		for j := i; j < min(i+perRequest, p.Orders); j++ {
-			po := fmt.Sprintf("PO-%s-%05d", run, j)
-			keys[j] = "orders:" + po
-			m := pubMessage{attrs: map[string]string{"po_id": po}, data: order(po)}
-			batch = append(batch, m)
-			if j%4 == 0 {
-				batch = append(batch, m) // the producer publishes a quarter of the orders twice
-			}
-		}
-		if err := ps.publishBatch("orders", batch); err != nil {
-			t.Fatalf("publishing: %v", err)
-		}
-		res.Published += len(batch)
-	}
+	var keys []string
+	keys, res.Published = publishOrders(t, ps, "orders", p.Orders, p.KillEvery)
 
 	supplied := func() int {
 		d, _ := sup.orders()
@@ -351,6 +321,60 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 	}
 	res.Took = time.Since(start)
 	return res
+}
+
+// killEvery calls kill at every tick of interval until the returned stop
+// is called (stop waits for the last kill; calling it again is a no-op).
+func (f *fleet) killEvery(interval time.Duration, kill func()) (stop func()) {
+	stopKilling := make(chan struct{})
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopKilling:
+				return
+			case <-tick.C:
+				kill()
+			}
+		}
+	}()
+	return sync.OnceFunc(func() { close(stopKilling); <-killerDone })
+}
+
+// publishOrders publishes n orders on topic, each under a po_id attribute
+// that names it, and a quarter of them twice (two messageIds, one order),
+// as a producer retrying a publish does: ten orders per publish request,
+// one request per interval, so the orders arrive over a stretch of the
+// storm's kills rather than all before the first. It returns every order's
+// key ("orders:" and the po_id) and the number of messages published.
+// Order ids carry a run id, so storms sharing a server never share keys.
+func publishOrders(t *testing.T, ps *pubsub, topic string, n int, interval time.Duration) (keys []string, published int) {
+	run := fmt.Sprintf("%06d", rand.IntN(1e6))
+	keys = make([]string, n)
+	const perRequest = 10
+	for i := 0; i < n; i += perRequest {
+		if i > 0 {
+			time.Sleep(interval)
+		}
+		var batch []pubMessage
+		for j := i; j < min(i+perRequest, n); j++ {
+			po := fmt.Sprintf("PO-%s-%05d", run, j)
+			keys[j] = "orders:" + po
+			m := pubMessage{attrs: map[string]string{"po_id": po}, data: order(po)}
+			batch = append(batch, m)
+			if j%4 == 0 {
+				batch = append(batch, m)
+			}
+		}
+		if err := ps.publishBatch(topic, batch); err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+		published += len(batch)
+	}
+	return keys, published
 }
 
 // verdict is what judge found in a storm's supplier log.
@@ -582,14 +606,20 @@ func waitUntil(timeout time.Duration, cond func() bool) bool {
 // quiet waits until the fleet has received no delivery for d; it reports
 // false if that does not happen within timeout.
 func (f *fleet) quiet(d, timeout time.Duration) bool {
+	return quietFor(d, timeout, f.deliveries.Load)
+}
+
+// quietFor waits until count has not changed for d; it reports false if
+// that does not happen within timeout.
+func quietFor(d, timeout time.Duration, count func() int64) bool {
 	deadline := time.Now().Add(timeout)
-	last, since := f.deliveries.Load(), time.Now()
+	last, since := count(), time.Now()
 	for time.Since(since) < d {
 		if time.Now().After(deadline) {
 			return false
 		}
 		time.Sleep(100 * time.Millisecond)
-		if n := f.deliveries.Load(); n != last {
+		if n := count(); n != last {
 			last, since = n, time.Now()
 		}
 	}
