@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -259,22 +260,8 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 			http.Error(w, "Pub/Sub push requests are POSTs", http.StatusMethodNotAllowed)
 			return
 		}
-		if pc.auth != nil {
-			if panicked, err := verify(pc.auth, r); panicked {
-				log.ErrorContext(r.Context(), "idempotency: the push verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
-				http.Error(w, "the push verifier failed", http.StatusInternalServerError)
-				return
-			} else if err != nil {
-				status := http.StatusUnauthorized
-				if errors.Is(err, ErrPushForbidden) {
-					status = http.StatusForbidden
-				} else {
-					w.Header().Set("WWW-Authenticate", "Bearer")
-				}
-				log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated push request", "status", status, "error", err)
-				http.Error(w, http.StatusText(status), status)
-				return
-			}
+		if !authorized(w, r, pc.auth, log, "push") {
+			return
 		}
 		var (
 			e      event.Event
@@ -317,6 +304,31 @@ func pushHandler(fn string, opts []Option, guard func() CloudEventFunc) http.Han
 	})
 }
 
+// authorized calls auth, when set, on r, and answers r itself when auth
+// refuses it (see WithPushAuth): it reports whether r may go on. what
+// names the request in the log ("push", "task").
+func authorized(w http.ResponseWriter, r *http.Request, auth func(*http.Request) error, log *slog.Logger, what string) bool {
+	if auth == nil {
+		return true
+	}
+	if panicked, err := verify(auth, r); panicked {
+		log.ErrorContext(r.Context(), "idempotency: the "+what+" verifier panicked; refusing the request", "status", http.StatusInternalServerError, "panic", err)
+		http.Error(w, "the "+what+" verifier failed", http.StatusInternalServerError)
+		return false
+	} else if err != nil {
+		status := http.StatusUnauthorized
+		if errors.Is(err, ErrPushForbidden) {
+			status = http.StatusForbidden
+		} else {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+		}
+		log.WarnContext(r.Context(), "idempotency: refusing an unauthenticated "+what+" request", "status", status, "error", err)
+		http.Error(w, http.StatusText(status), status)
+		return false
+	}
+	return true
+}
+
 // pushSpanKey is the context key under which PushHandler passes deliver
 // a *context.Context to set to the delivery's span context.
 type pushSpanKey struct{}
@@ -346,13 +358,17 @@ func unwrappedNoKey(err error, hasID bool) error {
 // without a message id.
 const unidentifiedPushType = "io.github.gcp-pubsub-idempotency.push.unidentified"
 
-// readBody reads the request body, up to MaxPushBody. Its buffer grows
+// readBody reads the request body, up to MaxPushBody; a nil Body is an
+// empty one. Its buffer grows
 // towards the request's Content-Length, when it gives one, in at most
 // three steps (io.ReadAll's growth would allocate about twice the body);
 // but only as far as the bytes that arrived vouch for it: the first
 // buffer is at most readAhead, and each next at most 4 times the last, so
 // a request that claims 16 MiB and sends nothing costs 1 MiB.
 func readBody(r *http.Request) ([]byte, int, error) {
+	if r.Body == nil { // a client request served by ServeHTTP directly: no body
+		return []byte{}, 0, nil
+	}
 	body, err := readAll(io.LimitReader(r.Body, MaxPushBody+1), r.ContentLength)
 	if err != nil {
 		return nil, http.StatusBadRequest, fmt.Errorf("reading the body: %w", err)
@@ -489,18 +505,7 @@ func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
 	if err != nil {
 		return event.Event{}, status, err
 	}
-	one := func(name string) (string, error) {
-		vs := r.Header.Values(name)
-		switch {
-		case len(vs) > 1:
-			return "", fmt.Errorf("%w: header %s is repeated", ErrMalformedEvent, name)
-		case len(vs) == 0:
-			return "", nil
-		case !utf8.ValidString(vs[0]):
-			return "", fmt.Errorf("%w: header %s is not valid UTF-8", ErrMalformedEvent, name)
-		}
-		return vs[0], nil
-	}
+	one := func(name string) (string, error) { return singleHeader(r.Header, name) }
 	var msg struct {
 		Data        []byte            `json:"data,omitempty"`
 		Attributes  map[string]string `json:"attributes,omitempty"`
@@ -545,6 +550,22 @@ func unwrappedEvent(r *http.Request, attrs []string) (event.Event, int, error) {
 	e := pubsubEventFor(msg.MessageID, sub, msg.PublishTime)
 	setJSONData(&e, data)
 	return e, 0, nil
+}
+
+// singleHeader is the value of header name in h, "" when it is absent,
+// or an error wrapping ErrMalformedEvent when it is repeated or not valid
+// UTF-8: there is then no single value to key on.
+func singleHeader(h http.Header, name string) (string, error) {
+	vs := h.Values(name)
+	switch {
+	case len(vs) > 1:
+		return "", fmt.Errorf("%w: header %s is repeated", ErrMalformedEvent, name)
+	case len(vs) == 0:
+		return "", nil
+	case !utf8.ValidString(vs[0]):
+		return "", fmt.Errorf("%w: header %s is not valid UTF-8", ErrMalformedEvent, name)
+	}
+	return vs[0], nil
 }
 
 // setJSONData makes data, valid JSON, e's data as it is: SetData would

@@ -29,7 +29,7 @@ func (c *config) ownOutcome(ctx context.Context, e event.Event, key string, err 
 		if !own.Until.IsZero() {
 			attrs = append(attrs, "until", own.Until)
 		}
-		c.lock.log().WarnContext(ctx, "idempotency: key in progress elsewhere; nacking with 503 for a later retry",
+		c.lock.log().WarnContext(ctx, "idempotency: key in progress elsewhere; nacking for a later retry (503 on a push, 423 on a task, a delayed Nack on a pull)",
 			append(attrs, deliveryAttrs(e)...)...)
 		return withStatus(http.StatusServiceUnavailable, err)
 	case *PayloadMismatchError:
@@ -37,7 +37,7 @@ func (c *config) ownOutcome(ctx context.Context, e event.Event, key string, err 
 		if !own.Until.IsZero() {
 			attrs = append(attrs, "until", own.Until)
 		}
-		c.lock.log().ErrorContext(ctx, "idempotency: the key was completed by a different payload; not a duplicate, handler not run; nacking with 409 (it reaches the dead-letter topic, if the subscription has one)",
+		c.lock.log().ErrorContext(ctx, "idempotency: the key was completed by a different payload; not a duplicate, handler not run; nacking (409 on a push or a task; it reaches the dead-letter topic, if the subscription has one)",
 			append(attrs, deliveryAttrs(e)...)...)
 		return withStatus(http.StatusConflict, err)
 	}
@@ -82,16 +82,16 @@ func (c *config) bodyOutcome(ctx context.Context, e event.Event, key string, err
 		return nil
 	}
 	if errors.Is(err, ErrInProgress) {
-		msg := "idempotency: the handler found an inner key in progress elsewhere; released the message key, nacking with 503 for a later retry"
+		msg := "idempotency: the handler found an inner key in progress elsewhere; released the message key, nacking for a later retry (503 on a push, 423 on a task, a delayed Nack on a pull)"
 		attrs := []any{"message_key", key, "event_id", e.ID()}
 		if key == "" { // the handler ran unguarded: there is no message key
-			msg = "idempotency: the handler found an inner key in progress elsewhere; nacking with 503 for a later retry"
+			msg = "idempotency: the handler found an inner key in progress elsewhere; nacking for a later retry (503 on a push, 423 on a task, a delayed Nack on a pull)"
 			attrs = []any{"event_id", e.ID()}
 		}
 		var ip *InProgressError
 		if errors.As(err, &ip) && ip != nil && ip.Superseded && ip.Key == key && key != "" {
 			// LockTx's own: the claim was superseded before the commit.
-			msg = "idempotency: the claim on the message key was superseded before the handler's transaction committed; rolled back, nothing committed; nacking with 503 for a later retry"
+			msg = "idempotency: the claim on the message key was superseded before the handler's transaction committed; rolled back, nothing committed; nacking for a later retry (503 on a push, 423 on a task, a delayed Nack on a pull)"
 			attrs = []any{"key", key, "event_id", e.ID()}
 		} else if ip != nil {
 			attrs = append(attrs, "key", ip.Key)

@@ -14,6 +14,9 @@
 #                  at all: the user picks one
 #   datastorelock  no go-redis, pgx, MySQL or SQLite
 #   pushauth       no backend driver, no Datastore: Google's API client only
+#   pull           no backend driver, no Datastore: the Pub/Sub client only
+#                  (its tests on real stores are a module of their own:
+#                  pull/internal/realtest)
 # The root module requires the functions framework for its own tests, so
 # the framework's module is in every graph; the grpc and genproto modules
 # it would bring are not (module graph pruning).
@@ -41,6 +44,7 @@ check() { # name, forbidden-regexp, packages...
 			printf 'replace %s/store/%s => %s/store/%s\n' "$M" "$b" "$root" "$b"
 		done
 		printf 'replace %s/pushauth => %s/pushauth\n' "$M" "$root"
+		printf 'replace %s/pull => %s/pull\n' "$M" "$root"
 	} >"$dir/go.mod"
 	{
 		printf 'package main\n\nimport (\n'
@@ -69,6 +73,7 @@ check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|mod
 check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
 check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"
+check pull "$drivers|cloud.google.com/go/datastore" "$M" "$M/pull"
 check firestorelock "$drivers|cloud.google.com/go/datastore" "$M" "$M/store/firestorelock"
 check spannerlock "$drivers" "$M" "$M/store/spannerlock"
 exit $rc

@@ -503,10 +503,10 @@ func advice(r store.Record) string {
 // keyHelp says how text output shows keys, for the usage text.
 const keyHelp = `Keys in text output: a key of printable ASCII without spaces, '"' or '\'
 is shown as it is; any other key is shown Go-quoted ("orders:\x1b[2K\r..."),
-so that no byte of a key reaches the terminal raw. --json prints every key
-as a JSON string.`
+so that no byte of a key reaches the terminal raw; so is a fingerprint.
+--json prints every key as a JSON string.`
 
-// showKey renders key for text output: as it is when every byte is
+// showKey renders key (or a fingerprint) for text output: as it is when every byte is
 // printable ASCII other than space, '"' and '\'; otherwise quoted by
 // strconv.Quote, which escapes every byte that could move the cursor or
 // start a line. A shown key starts with '"' exactly when it is quoted.
@@ -576,7 +576,7 @@ func (c *cli) get(key string) int {
 	}
 	fmt.Fprintf(w, "expires at\t%s\n", rfc3339(r.ExpiresAt))
 	if r.Fingerprint != "" {
-		fmt.Fprintf(w, "fingerprint\t%s\n", r.Fingerprint)
+		fmt.Fprintf(w, "fingerprint\t%s\n", showKey(r.Fingerprint))
 	}
 	fmt.Fprintf(w, "version\t%s\n", r.Version)
 	fmt.Fprintf(w, "read at\t%s\n", rfc3339(r.Now))

@@ -309,3 +309,27 @@ func TestSQLiteTableHint(t *testing.T) {
 		t.Errorf("get without ?table= = %d:\n%s", r.code, r.stderr)
 	}
 }
+
+// A fingerprint is a FingerprintFunc's string, which a function of the
+// service's own may build from the payload (a version field, an amount):
+// whoever sent the message or created the task chose it. `get` must not
+// print it raw either.
+func TestHostileFingerprintIsEscapedInGet(t *testing.T) {
+	clock := fake.NewClock(start)
+	s := fake.New(fake.WithClock(clock.Now), fake.WithTTL(time.Hour))
+	ctx := context.Background()
+	key := "//cloudtasks.googleapis.com/queues/invoices|send-INV-1"
+	res, err := s.Claim(ctx, key, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp := "orders-v1:\x1b[2J\x1b[H\u202eforged\nstate\tdone"
+	if ok, err := s.CompleteFingerprint(ctx, res.Claim, fp); !ok || err != nil {
+		t.Fatalf("complete: %v %v", ok, err)
+	}
+	r := idemctl(t, fakeStore(t, s), "get", "--store=fake://", key)
+	checkSafeText(t, "get", r.stdout, -1)
+	if strings.Contains(r.stdout, fp) {
+		t.Errorf("get printed the fingerprint raw:\n%q", r.stdout)
+	}
+}
