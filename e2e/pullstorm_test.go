@@ -184,13 +184,32 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 	})
 	stopKillers()
 	res.Phases = append(res.Phases, time.Since(start))
-	if !waitUntil(time.Minute+time.Duration(p.Orders)*200*time.Millisecond, func() bool { return in() == p.Orders }) {
-		res.Problems = append(res.Problems, fmt.Sprintf("timed out with %d of %d orders in", in(), p.Orders))
+	// Wait until every key is reported done: a message whose holder
+	// crashed comes back after the ack deadline, later each time it lapses
+	// again (the emulator backs off), and only then completes.
+	completedAt := func() map[string]time.Time {
+		m := map[string]time.Time{}
+		for _, c := range f.pullEvents("completed") {
+			if at, ok := m[c.kv["key"]]; !ok || c.at.Before(at) {
+				m[c.kv["key"]] = c.at
+			}
+		}
+		return m
+	}
+	allDone := func() bool {
+		done := completedAt()
+		for _, k := range keys {
+			if _, ok := done[k]; !ok {
+				return false
+			}
+		}
+		return true
+	}
+	if !waitUntil(3*time.Minute+time.Duration(p.Orders)*200*time.Millisecond, func() bool { return in() == p.Orders && allDone() }) {
+		res.Problems = append(res.Problems, fmt.Sprintf("timed out with %d of %d orders in, all done: %v", in(), p.Orders, allDone()))
 	}
 	res.Phases = append(res.Phases, time.Since(start))
-	// Quiet for longer than the ack deadline: a message a killed process
-	// held has come back by then.
-	if !quietFor(pullAckDeadline+2*time.Second, time.Minute+time.Duration(p.Orders)*50*time.Millisecond, func() int64 {
+	if !quietFor(5*time.Second, time.Minute+time.Duration(p.Orders)*50*time.Millisecond, func() int64 {
 		return int64(len(f.pullEvents("delivery")))
 	}) {
 		res.Problems = append(res.Problems, "deliveries were still arriving at the end")
@@ -204,12 +223,7 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 	}
 	res.Deliveries, res.Redeliveries = len(deliveries), len(deliveries)-len(ids)
 	res.Crashes, res.Kills, res.MidHandlerKills = f.crashes.Load(), f.kills.Load(), f.killedInCallback()
-	completed := map[string]time.Time{}
-	for _, c := range f.pullEvents("completed") {
-		if at, ok := completed[c.kv["key"]]; !ok || c.at.Before(at) {
-			completed[c.kv["key"]] = c.at
-		}
-	}
+	completed := completedAt()
 	if tx {
 		rows, err := sinkRows(sink)
 		if err != nil {
@@ -239,8 +253,8 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 	}
 	notDone := notDoneKeys(t, backendEnv, keys)
 	res.NotDone = len(notDone)
-	for _, k := range notDone {
-		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, notDone[k]))
+	for k, why := range notDone {
+		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, why))
 	}
 	// Guards against a storm that stormed nothing.
 	if res.Crashes == 0 {

@@ -306,8 +306,8 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 	}
 	notDone := notDoneKeys(t, backendEnv, keys)
 	res.NotDone = len(notDone)
-	for _, k := range notDone {
-		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, notDone[k]))
+	for k, why := range notDone {
+		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, why))
 	}
 	// Guards against a storm that stormed nothing.
 	if res.Crashes == 0 {

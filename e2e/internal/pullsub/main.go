@@ -47,8 +47,8 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
-	pull "github.com/gcp-pubsub-idempotency/idempotency/e2e/internal/pullstandin"
 	"github.com/gcp-pubsub-idempotency/idempotency/function_example/orders"
+	"github.com/gcp-pubsub-idempotency/idempotency/pull"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
 )
