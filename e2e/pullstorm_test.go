@@ -34,10 +34,10 @@ const (
 // (internal/pullsub) Receiving from one pull subscription of the Pub/Sub
 // emulator through the pull adapter, keyed by the order's po_id attribute;
 // a quarter of the orders published twice under two messageIds; each
-// process's MaxExtension is the lease, the subscription's ack deadline the
-// emulator's shortest; processes exit right after the supplier accepted
-// an order and before the key was completed, and a process that is inside
-// the callback is SIGKILLed at a steady beat, each restarted. The
+// process's MaxExtension is half the lease, the ack deadline the shortest
+// (10 s); processes exit right after the supplier accepted an order and
+// before the key was completed, and a process that is inside the callback
+// is SIGKILLed at a steady beat, each restarted. The
 // supplier's log is judged by the push storm's rules (judge): every order
 // reaches the supplier, no body runs again unless the run before it died
 // in its window or was fenced out, and every order's record ends Done.
@@ -76,7 +76,7 @@ func TestPullCrashStormTransactionalOnPostgres(t *testing.T) {
 // (smaller, on Redis) reports duplicates.
 func TestPullCrashStormCatchesBrokenBackends(t *testing.T) {
 	p := stormParamsForTest(t)
-	p.Orders, p.Instances = 20, 4
+	p.PullOrders, p.Instances = 20, 4
 	for _, bb := range brokenBackends {
 		t.Run(bb.name, func(t *testing.T) {
 			r := runPullStorm(t, "redis", false, p, "E2E_BROKEN="+bb.name)
@@ -153,7 +153,7 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 		fmt.Sprint("E2E_MAX_OUTSTANDING=", pullMaxOutstanding),
 		fmt.Sprint("E2E_CRASH_RATE=", p.CrashRate),
 	}
-	res := pullStormResult{Name: backend, Orders: p.Orders, Processes: p.Instances, Lease: p.Lease, CrashRate: p.CrashRate, KillEvery: p.PullKillEvery}
+	res := pullStormResult{Name: backend, Orders: p.PullOrders, Processes: p.Instances, Lease: p.Lease, CrashRate: p.CrashRate, KillEvery: p.PullKillEvery}
 	var sink *sql.DB
 	if tx {
 		res.Name = backend + " (HandlerTx, the sink in the same database)"
@@ -165,7 +165,7 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 	defer stopKillers()
 
 	var keys []string
-	keys, res.Published = publishOrders(t, ps, "orders", p.Orders, p.PullKillEvery)
+	keys, res.Published = publishOrders(t, ps, "orders", p.PullOrders, p.PullKillEvery)
 	res.Phases = append(res.Phases, time.Since(start))
 	// in counts the orders whose effect exists.
 	in := func() int {
@@ -179,8 +179,8 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 		d, _ := sup.orders()
 		return d
 	}
-	waitUntil(2*time.Minute+time.Duration(p.Orders)*300*time.Millisecond, func() bool {
-		return in() >= p.Orders*9/10 && f.kills.Load() >= 3
+	waitUntil(2*time.Minute+time.Duration(p.PullOrders)*300*time.Millisecond, func() bool {
+		return in() >= p.PullOrders*9/10 && f.kills.Load() >= 3
 	})
 	stopKillers()
 	res.Phases = append(res.Phases, time.Since(start))
@@ -205,11 +205,11 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 		}
 		return true
 	}
-	if !waitUntil(3*time.Minute+time.Duration(p.Orders)*200*time.Millisecond, func() bool { return in() == p.Orders && allDone() }) {
-		res.Problems = append(res.Problems, fmt.Sprintf("timed out with %d of %d orders in, all done: %v", in(), p.Orders, allDone()))
+	if !waitUntil(3*time.Minute+time.Duration(p.PullOrders)*200*time.Millisecond, func() bool { return in() == p.PullOrders && allDone() }) {
+		res.Problems = append(res.Problems, fmt.Sprintf("timed out with %d of %d orders in, all done: %v", in(), p.PullOrders, allDone()))
 	}
 	res.Phases = append(res.Phases, time.Since(start))
-	if !quietFor(5*time.Second, time.Minute+time.Duration(p.Orders)*50*time.Millisecond, func() int64 {
+	if !quietFor(5*time.Second, time.Minute+time.Duration(p.PullOrders)*50*time.Millisecond, func() int64 {
 		return int64(len(f.pullEvents("delivery")))
 	}) {
 		res.Problems = append(res.Problems, "deliveries were still arriving at the end")

@@ -40,6 +40,7 @@ var stormSettings = []struct {
 	{"storm.instances", "STORM_INSTANCES", "4", "function instances behind the balancer"},
 	{"storm.crash-rate", "STORM_CRASH_RATE", "0.1", "chance that an instance exits right after a send, before Complete"},
 	{"storm.kill-every", "STORM_KILL_EVERY", "300ms", "how often a random instance is SIGKILLed"},
+	{"storm.pull-orders", "STORM_PULL_ORDERS", "40", "orders per pull storm (a subscriber's crash strands its messages for an ack deadline, doubled each time it recurs: the pull storm runs longer per order)"},
 	{"storm.pull-kill-every", "STORM_PULL_KILL_EVERY", "3s", "how often the pull storm SIGKILLs a subscriber inside its callback (none if none is within half the interval; each kill strands the messages the process held for an ack deadline)"},
 	{"storm.lease", "STORM_LEASE", "2s", "the function's lease (IDEMPOTENCY_LEASE)"},
 	{"storm.backend", "STORM_BACKEND", "datastore,redis,postgres", "the backends to storm, in turn (comma-separated)"},
@@ -62,6 +63,7 @@ type stormParams struct {
 	CrashRate         float64
 	KillEvery, Lease  time.Duration
 	PullKillEvery     time.Duration
+	PullOrders        int
 	Backends          []string
 }
 
@@ -108,6 +110,12 @@ func loadStormParams(setFlags map[string]string, getenv func(string) string) (st
 	num("STORM_KILL_EVERY", func(v string) (err error) {
 		if p.KillEvery, err = time.ParseDuration(v); err == nil && p.KillEvery <= 0 {
 			err = errors.New("want a positive interval: a storm without kills proves nothing")
+		}
+		return err
+	})
+	num("STORM_PULL_ORDERS", func(v string) (err error) {
+		if p.PullOrders, err = strconv.Atoi(v); err == nil && p.PullOrders < 1 {
+			err = errors.New("want at least 1")
 		}
 		return err
 	})
