@@ -239,23 +239,15 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 				return fencedOutIn(f.logOf(n), key, fence)
 			}})
 		res.Lost, res.Resends, res.Overruns, res.Duplicates = len(v.lost), v.resends, len(v.overruns), len(v.duplicates)
-		for _, k := range v.lost {
-			res.Problems = append(res.Problems, fmt.Sprintf("lost: %s never reached the supplier", k))
-		}
-		res.Problems = append(res.Problems, v.duplicates...)
+		res.Problems = append(res.Problems, v.problems()...)
 		res.overrunNotes = v.overruns
-		for _, k := range v.unknown {
-			res.Problems = append(res.Problems, fmt.Sprintf("the supplier got key %q, which no order has", k))
-		}
 		if res.Resends == 0 {
 			res.Problems = append(res.Problems, "no order was sent again after a crash: the crash window was never exercised")
 		}
 	}
-	notDone := notDoneKeys(t, backendEnv, keys)
-	res.NotDone = len(notDone)
-	for k, why := range notDone {
-		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, why))
-	}
+	var notDone []string
+	res.NotDone, notDone = notDoneProblems(t, backendEnv, keys)
+	res.Problems = append(res.Problems, notDone...)
 	// Guards against a storm that stormed nothing.
 	if res.Crashes == 0 {
 		res.Problems = append(res.Problems, "no process crashed between an effect and its completion")

@@ -304,19 +304,11 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 		return fencedOutIn(f.logOf(n), key, fence)
 	}})
 	res.Lost, res.Resends, res.Overruns, res.Duplicates = len(v.lost), v.resends, len(v.overruns), len(v.duplicates)
-	for _, k := range v.lost {
-		res.Problems = append(res.Problems, fmt.Sprintf("lost: %s never reached the supplier", k))
-	}
-	res.Problems = append(res.Problems, v.duplicates...)
+	res.Problems = append(res.Problems, v.problems()...)
 	res.overrunNotes = v.overruns
-	for _, k := range v.unknown {
-		res.Problems = append(res.Problems, fmt.Sprintf("the supplier got key %q, which no order has", k))
-	}
-	notDone := notDoneKeys(t, backendEnv, keys)
-	res.NotDone = len(notDone)
-	for k, why := range notDone {
-		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, why))
-	}
+	var notDone []string
+	res.NotDone, notDone = notDoneProblems(t, backendEnv, keys)
+	res.Problems = append(res.Problems, notDone...)
 	// Guards against a storm that stormed nothing.
 	if res.Crashes == 0 {
 		res.Problems = append(res.Problems, "no instance crashed between a send and its completion")
@@ -392,6 +384,29 @@ type verdict struct {
 	resends    int      // body runs beyond the first, per key
 	overruns   []string // re-sends after a run that outran its lease, described
 	duplicates []string // re-sends nothing explains, described
+}
+
+// problems describes each lost, duplicated and unknown key of v.
+func (v verdict) problems() []string {
+	var out []string
+	for _, k := range v.lost {
+		out = append(out, fmt.Sprintf("lost: %s never reached the supplier", k))
+	}
+	out = append(out, v.duplicates...)
+	for _, k := range v.unknown {
+		out = append(out, fmt.Sprintf("the supplier got key %q, which no order has", k))
+	}
+	return out
+}
+
+// notDoneProblems runs notDoneKeys and describes each key it returns.
+func notDoneProblems(t *testing.T, backendEnv []string, keys []string) (int, []string) {
+	notDone := notDoneKeys(t, backendEnv, keys)
+	var out []string
+	for k, why := range notDone {
+		out = append(out, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, why))
+	}
+	return len(notDone), out
 }
 
 // stormFacts is what the harness saw of the fleet, beside the supplier's
@@ -671,52 +686,31 @@ func (p *pubsub) publishBatch(topic string, msgs []pubMessage) error {
 
 // brokenRegistration replaces the function package in the broken server's
 // generated main: it registers HandleOrder as the example does, over the
-// backend orders.Setup builds, wrapped in the defect E2E_BROKEN names.
+// backend orders.Setup builds, wrapped (by internal/broken's Wrap, copied
+// beside it) in the defect E2E_BROKEN names.
 const brokenRegistration = `package main
 
 import (
 	"context"
 	"log"
 	"os"
-	"time"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/function_example/orders"
-	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
-
-// completeNoop reports every Complete as done without writing it.
-type completeNoop struct{ store.Backend }
-
-func (completeNoop) Complete(context.Context, store.Claim) (bool, error) { return true, nil }
-
-// claimAlwaysWins turns every outcome of Claim into Won, with a fence
-// above any real one (so only the storm's other rules can catch it).
-type claimAlwaysWins struct{ store.Backend }
-
-func (b claimAlwaysWins) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
-	r, err := b.Backend.Claim(ctx, key, lease)
-	if err != nil || r.Outcome == store.Won {
-		return r, err
-	}
-	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: time.Now().UnixNano(),
-		Token: store.NewToken(), LeaseExpiry: time.Now().Add(lease)}}, nil
-}
 
 func init() {
 	backend, lease, err := orders.Setup(context.Background())
 	if err != nil {
 		log.Fatal(err)
 	}
-	switch os.Getenv("E2E_BROKEN") {
-	case "complete-noop":
-		backend = completeNoop{backend}
-	case "claim-always-wins":
-		backend = claimAlwaysWins{backend}
-	default:
-		log.Fatalf("E2E_BROKEN=%q: unknown defect", os.Getenv("E2E_BROKEN"))
+	if os.Getenv("E2E_BROKEN") == "" {
+		log.Fatal("E2E_BROKEN is not set: the broken server needs a defect")
+	}
+	if backend, err = Wrap(backend, os.Getenv("E2E_BROKEN")); err != nil {
+		log.Fatal(err)
 	}
 	functions.CloudEvent("HandleOrder", idempotency.Idempotent(backend, orders.OrderOptions(lease)...)(orders.HandleOrder))
 }
@@ -744,7 +738,17 @@ func brokenServer(t *testing.T) string {
 			return
 		}
 		gomod := "module functions.local/broken\n\ngo 1.26\n\nrequire github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000\n" + localReplaces(repo)
-		for name, text := range map[string]string{"go.mod": gomod, "main.go": main, "broken.go": brokenRegistration} {
+		defects, err := os.ReadFile(filepath.Join("internal", "broken", "broken.go"))
+		if err != nil {
+			brokenErr = err
+			return
+		}
+		defectsMain := strings.Replace(string(defects), "\npackage broken\n", "\npackage main\n", 1)
+		if defectsMain == string(defects) {
+			brokenErr = errors.New("internal/broken/broken.go no longer declares package broken as expected")
+			return
+		}
+		for name, text := range map[string]string{"go.mod": gomod, "main.go": main, "broken.go": brokenRegistration, "defects.go": defectsMain} {
 			if err := os.MkdirAll(app, 0o755); err != nil {
 				brokenErr = err
 				return

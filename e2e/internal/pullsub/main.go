@@ -47,6 +47,7 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/e2e/internal/broken"
 	"github.com/gcp-pubsub-idempotency/idempotency/function_example/orders"
 	"github.com/gcp-pubsub-idempotency/idempotency/pull"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
@@ -102,7 +103,7 @@ func run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if b, err = broken(b, os.Getenv("E2E_BROKEN")); err != nil {
+		if b, err = broken.Wrap(b, os.Getenv("E2E_BROKEN")); err != nil {
 			return err
 		}
 		handle = pull.Handler(sub, record(b), w.send, opts...)
@@ -263,35 +264,4 @@ type txRecorder struct{ *sqllock.Backend }
 
 func (r txRecorder) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, *sql.Tx) error) (bool, error) {
 	return completed(c)(r.Backend.CompleteTx(ctx, c, fp, body))
-}
-
-// broken wraps b in the defect named (none for "").
-func broken(b store.Backend, defect string) (store.Backend, error) {
-	switch defect {
-	case "":
-		return b, nil
-	case "complete-noop":
-		return completeNoop{b}, nil
-	case "claim-always-wins":
-		return claimAlwaysWins{b}, nil
-	}
-	return nil, fmt.Errorf("E2E_BROKEN=%q: unknown defect", defect)
-}
-
-// completeNoop reports every Complete as done without writing it.
-type completeNoop struct{ store.Backend }
-
-func (completeNoop) Complete(context.Context, store.Claim) (bool, error) { return true, nil }
-
-// claimAlwaysWins turns every outcome of Claim into Won, with a fence
-// above any real one.
-type claimAlwaysWins struct{ store.Backend }
-
-func (b claimAlwaysWins) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
-	r, err := b.Backend.Claim(ctx, key, lease)
-	if err != nil || r.Outcome == store.Won {
-		return r, err
-	}
-	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: time.Now().UnixNano(),
-		Token: store.NewToken(), LeaseExpiry: time.Now().Add(lease)}}, nil
 }
