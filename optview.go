@@ -1,15 +1,16 @@
 package idempotency
 
-import (
-	"log/slog"
-
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/optview"
-)
+import "github.com/gcp-pubsub-idempotency/idempotency/internal/optview"
 
 func init() {
-	optview.Logger = func(opts any) *slog.Logger {
+	optview.Of = func(opts any) optview.View {
 		o, _ := opts.([]Option)
 		cfg := newConfig(o)
-		return cfg.lock.log()
+		return optview.View{
+			Logger:       cfg.lock.log(),
+			Lease:        cfg.lock.lease,
+			Heartbeat:    cfg.lock.heartbeat,
+			FromDeadline: cfg.lock.fromDeadline,
+		}
 	}
 }

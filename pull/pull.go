@@ -82,7 +82,11 @@ var (
 // started (the client's default when sub is nil or its MaxExtension is
 // 0: 60 minutes; no end when it is negative, which turns off the
 // client's extension): the client extends the message's ack deadline
-// until then, and stops after. With [idempotency.WithLeaseFromDeadline]
+// until then, and stops after. Without [idempotency.WithHeartbeat] and
+// WithLeaseFromDeadline, the lease ends it sooner when it is shorter
+// (the default lease, 15 minutes, is): nothing renews the claim, so h
+// is cancelled before its lease lapses rather than run on a claim
+// another delivery may take. With [idempotency.WithLeaseFromDeadline]
 // the claim's lease then ends with the extension (plus the settle
 // timeout and the margin), so a redelivery after the client stopped
 // extending finds the key free only once h has returned or its lease has
@@ -91,11 +95,7 @@ var (
 // earlier than the callback's start when the message waited for flow
 // control. Set MaxExtension above the longest run of h, use
 // [idempotency.WithHeartbeat] for long handlers, and keep
-// MaxOutstandingMessages near what the process can run at once. With the
-// client's default MaxExtension (60 minutes) and the default lease (15
-// minutes), each delivery logs a warning that it may outlive its lease,
-// and rightly: choose WithLeaseFromDeadline, WithHeartbeat, or a
-// MaxExtension no longer than the lease.
+// MaxOutstandingMessages near what the process can run at once.
 //
 // The Ack is AckWithResult, whose result the callback awaits for at most
 // five seconds: on a subscription with exactly-once delivery it is the
@@ -156,7 +156,8 @@ type receiver struct {
 }
 
 func newReceiver(sub *pubsub.Subscriber, opts []idempotency.Option) *receiver {
-	r := &receiver{maxExt: pubsub.DefaultReceiveSettings.MaxExtension, log: optview.Logger(opts)}
+	view := optview.Of(opts)
+	r := &receiver{maxExt: pubsub.DefaultReceiveSettings.MaxExtension, log: view.Logger}
 	if sub != nil {
 		r.subscription = sub.String()
 		switch ext := sub.ReceiveSettings.MaxExtension; {
@@ -165,6 +166,12 @@ func newReceiver(sub *pubsub.Subscriber, opts []idempotency.Option) *receiver {
 		case ext > 0:
 			r.maxExt = ext
 		}
+	}
+	// A lease nothing renews or sizes from the deadline bounds h too: the
+	// claim is taken after the callback starts, so h's context ends before
+	// the claim's lease does, and h never runs on a lapsed claim.
+	if !view.FromDeadline && view.Heartbeat == 0 && (r.maxExt == 0 || view.Lease < r.maxExt) {
+		r.maxExt = view.Lease
 	}
 	return r
 }

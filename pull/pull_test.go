@@ -1,8 +1,10 @@
 package pull_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -323,14 +325,22 @@ func TestTheHandlerEndsWithTheAckDeadlineExtension(t *testing.T) {
 // Without a subscriber, the client's default MaxExtension bounds the
 // handler; with a negative one (no extension), nothing does.
 func TestTheHandlersDeadlineFollowsTheClientsSettings(t *testing.T) {
+	renewed := []idempotency.Option{idempotency.WithHeartbeat(time.Minute)}
+	long := []idempotency.Option{idempotency.WithLease(2 * time.Hour)}
 	for _, c := range []struct {
 		name string
 		sub  *pubsub.Subscriber
+		opts []idempotency.Option
 		want time.Duration // 0: no deadline
 	}{
-		{"nil subscriber", nil, pubsub.DefaultReceiveSettings.MaxExtension},
-		{"zero MaxExtension", &pubsub.Subscriber{}, pubsub.DefaultReceiveSettings.MaxExtension},
-		{"negative MaxExtension", &pubsub.Subscriber{ReceiveSettings: pubsub.ReceiveSettings{MaxExtension: -1}}, 0},
+		{"nil subscriber, heartbeat", nil, renewed, pubsub.DefaultReceiveSettings.MaxExtension},
+		{"zero MaxExtension, heartbeat", &pubsub.Subscriber{}, renewed, pubsub.DefaultReceiveSettings.MaxExtension},
+		{"negative MaxExtension, heartbeat", &pubsub.Subscriber{ReceiveSettings: pubsub.ReceiveSettings{MaxExtension: -1}}, renewed, 0},
+		{"nil subscriber, lease above it", nil, long, pubsub.DefaultReceiveSettings.MaxExtension},
+		// Nothing renews the claim: the lease, shorter, ends h first.
+		{"defaults", nil, nil, store.DefaultLease},
+		{"negative MaxExtension, default lease", &pubsub.Subscriber{ReceiveSettings: pubsub.ReceiveSettings{MaxExtension: -1}}, nil, store.DefaultLease},
+		{"MaxExtension below the lease", &pubsub.Subscriber{ReceiveSettings: pubsub.ReceiveSettings{MaxExtension: time.Minute}}, nil, time.Minute},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var (
@@ -338,10 +348,15 @@ func TestTheHandlersDeadlineFollowsTheClientsSettings(t *testing.T) {
 				has      bool
 			)
 			start := time.Now()
+			var logs bytes.Buffer
+			opts := append([]idempotency.Option{idempotency.WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}, c.opts...)
 			pull.Handler(c.sub, fake.New(), func(ctx context.Context, _ *pubsub.Message) error {
 				deadline, has = ctx.Deadline()
 				return nil
-			})(context.Background(), &pubsub.Message{ID: "1"})
+			}, opts...)(context.Background(), &pubsub.Message{ID: "1"})
+			if strings.Contains(logs.String(), "outlive its lease") {
+				t.Errorf("the delivery warned that it may outlive its lease: %s", logs.String())
+			}
 			switch {
 			case c.want == 0 && has:
 				t.Errorf("a deadline %v after the start", deadline.Sub(start))

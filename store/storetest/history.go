@@ -118,7 +118,9 @@ const opTimeout = 10 * time.Second
 // instant of its window, not necessarily in the order in which it
 // serializes the calls (a database's statement time); and, when it
 // retries inside a call, win or extend once before the answer it gives
-// (Won, or an Extend's answer), or find its own claim and renew its lease.
+// (Won, an Extend's answer, or an error when the call outlasted its
+// lease: a retry after its earlier win lapsed and the record moved on wins
+// afresh with the call's token), or find its own claim and renew its lease.
 // It never allows a Claim to answer HeldByOther or AlreadyDone when the
 // call may have won, nor a Complete, Release or Extend to act on a record
 // whose fence matches but whose claim token does not: after a record is
@@ -550,21 +552,43 @@ func (r *historyRun) claim(id, k int, lease time.Duration, log *clientLog) (stor
 		}
 		return out
 	})
-	if !ok || out.unknown {
+	if !ok {
 		return store.Result{}, false
 	}
-	if out.outcome == store.Won {
-		// A backend that retries may have won once before and lost the
-		// reply, then renewed its own claim or won afresh after its first
-		// lease lapsed.
-		op := log.ops[len(log.ops)-1]
-		op.Output = hOutput{unknown: true, before: true, token: out.token}
-		log.ops = append(log.ops, op)
+	if out.unknown || out.outcome == store.Won {
+		log.ops = append(log.ops, retriedWins(log.ops[len(log.ops)-1], r.o.LateWrite)...)
+	}
+	if out.unknown {
+		return store.Result{}, false
 	}
 	if out.outcome == store.Won && won.Key != key {
 		r.t.Errorf("history: Claim(%q) won a claim on key %q", key, won.Key)
 	}
 	return store.Result{Outcome: out.outcome, Claim: won}, true
+}
+
+// retriedWins returns what the Claim call op (which answered Won, or an
+// error) may also have won before its answer. A backend that retries inside
+// a call (after a lost reply or a cut connection) reuses the call's token:
+// a retry that finds its own claim renews it, but one that comes after that
+// claim's lease lapsed and the record moved on wins afresh, and its reply
+// may be lost too. So a call that answered Won may have won once before,
+// and one that answered an error, whose own attempt may have won, may have
+// won once before that when its window (stretched by late: its last
+// attempt's write may land that late) is longer than its lease. On an idle
+// machine a call's retries are quick and it wins once; on a loaded one a
+// Claim of PostgreSQL's sqllock spanned 6.6 s (lease 800ms) and won at two
+// instants 2.3 s apart, both replies lost, then answered an error. More
+// wins per call are not allowed: each one more such op per call multiplies
+// the checker's search (one per lease of the window made it give up after
+// 5 minutes on a loaded machine's history).
+func retriedWins(op porcupine.Operation, late time.Duration) []porcupine.Operation {
+	in, out := op.Input.(hInput), op.Output.(hOutput)
+	if out.unknown && in.to+int64(late)-in.from <= int64(in.lease) {
+		return nil
+	}
+	op.Output = hOutput{unknown: true, before: true, token: out.token}
+	return []porcupine.Operation{op}
 }
 
 // fingerprintOf is the payload fingerprint a client completes claim c with

@@ -89,12 +89,19 @@ func (r *renewals[Tx]) Extend(ctx context.Context, c store.Claim, lease time.Dur
 // then renews no more), or one that started after the commit and
 // returned (the heartbeat runs one renewal at a time, so the next to
 // finish after the one in flight is such a one).
+//
+// The renewals that found the claim gone are counted from before the call:
+// one may land between the commit and CompleteTx's return (sqllock on
+// MariaDB makes two more round trips after its COMMIT: a ROLLBACK that
+// ends database/sql's transaction, and one that puts the session's idle
+// timeout back), and the heartbeat renews no more after it.
 func (r *renewals[Tx]) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, Tx) error) (bool, error) {
+	lost := r.lost.Load()
 	ok, err := r.TxBackend.CompleteTx(ctx, c, fp, body)
 	if !r.lateReply || !ok || err != nil {
 		return ok, err
 	}
-	after, lost := r.started.Load(), r.lost.Load()
+	after := r.started.Load()
 	deadline := time.Now().Add(mixWait)
 	for r.finished.Load() <= after && r.lost.Load() == lost {
 		if time.Now().After(deadline) {
