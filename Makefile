@@ -42,16 +42,20 @@ demo:
 e2e: services
 	IDEMPOTENCY_REQUIRE_SERVICES=1 go test -count=1 -v $(MOD)/e2e
 
-# The crash storm at scale, on Datastore, Redis and PostgreSQL in turn: at
-# least 1000 orders on 8 instances each, with the figures (orders,
-# instances, deliveries, crashes, kills, re-sends, lost, duplicates) for
-# each backend. STORM_ORDERS, STORM_INSTANCES, STORM_CRASH_RATE,
-# STORM_KILL_EVERY, STORM_LEASE and STORM_BACKEND override the defaults.
+# The crash storms at scale, on Datastore, Redis and PostgreSQL in turn:
+# the push storm with at least 1000 orders on 8 instances each, then the
+# pull storm (subscriber processes, and HandlerTx on PostgreSQL) with 200
+# orders on 8 processes, with the figures (orders, instances or processes,
+# deliveries, crashes, kills, re-sends, lost, duplicates) for each backend.
+# STORM_ORDERS, STORM_PULL_ORDERS, STORM_INSTANCES, STORM_CRASH_RATE,
+# STORM_KILL_EVERY, STORM_PULL_KILL_EVERY, STORM_LEASE and STORM_BACKEND
+# override the defaults.
 STORM_ORDERS ?= 1000
+STORM_PULL_ORDERS ?= 200
 STORM_INSTANCES ?= 8
 storm: services
-	STORM_ORDERS=$(STORM_ORDERS) STORM_INSTANCES=$(STORM_INSTANCES) IDEMPOTENCY_REQUIRE_SERVICES=1 \
-		go test -count=1 -v -timeout 3h -run '^TestCrashStorm$$' $(MOD)/e2e
+	STORM_ORDERS=$(STORM_ORDERS) STORM_PULL_ORDERS=$(STORM_PULL_ORDERS) STORM_INSTANCES=$(STORM_INSTANCES) IDEMPOTENCY_REQUIRE_SERVICES=1 \
+		go test -count=1 -v -timeout 3h -run '^(TestCrashStorm|TestPullCrashStorm|TestPullCrashStormTransactionalOnPostgres)$$' $(MOD)/e2e
 
 # The directory to deploy the example function from (see the README).
 function-source:

@@ -13,10 +13,10 @@ require (
 	cloud.google.com/go/auth/oauth2adapt v0.3.0 // indirect
 	cloud.google.com/go/compute/metadata v0.10.0 // indirect
 	cloud.google.com/go/datastore v1.28.1 // indirect
+	cloud.google.com/go/iam v1.14.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.1.0 // indirect
-	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/s2a-go v0.1.11 // indirect
@@ -29,6 +29,7 @@ require (
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.2 // indirect
+	go.opencensus.io v0.24.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.67.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.69.0 // indirect
@@ -55,9 +56,12 @@ require (
 )
 
 require (
+	cloud.google.com/go/pubsub/v2 v2.9.0
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/pull v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
@@ -65,6 +69,7 @@ require (
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ..
 	github.com/gcp-pubsub-idempotency/idempotency/function_example => ../function_example
+	github.com/gcp-pubsub-idempotency/idempotency/pull => ../pull
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock => ../store/datastorelock
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock => ../store/redislock
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock => ../store/sqllock

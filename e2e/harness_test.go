@@ -216,13 +216,17 @@ func (p *pubsub) topic(t *testing.T, name string) {
 
 // subscribe creates a push subscription on topic delivering to endpoint
 // (the topic's path is appended, as the functions framework wants it for a
-// raw push). It is deleted when t ends.
+// raw push), or with endpoint "" a pull subscription. Either has the
+// emulator's shortest ack deadline, 10 s. It is deleted when t ends.
 func (p *pubsub) subscribe(t *testing.T, name, topic, endpoint string) {
-	p.do(t, http.MethodPut, "/subscriptions/"+name, map[string]any{
+	sub := map[string]any{
 		"topic":              "projects/" + p.project + "/topics/" + topic,
-		"pushConfig":         map[string]any{"pushEndpoint": endpoint + "/projects/" + p.project + "/topics/" + topic},
 		"ackDeadlineSeconds": 10,
-	}, nil)
+	}
+	if endpoint != "" {
+		sub["pushConfig"] = map[string]any{"pushEndpoint": endpoint + "/projects/" + p.project + "/topics/" + topic}
+	}
+	p.do(t, http.MethodPut, "/subscriptions/"+name, sub, nil)
 	t.Cleanup(func() {
 		req, _ := http.NewRequest(http.MethodDelete, p.base+"/v1/projects/"+p.project+"/subscriptions/"+name, nil)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
@@ -339,9 +343,12 @@ type instance struct {
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	started time.Time // when cmd started
+	n       int64     // cmd's process number (E2E_INCARNATION)
 }
 
-// fleet runs n instances of one function behind a round-robin balancer.
+// fleet runs n instances of one program: function instances behind a
+// round-robin balancer (startFleetOf), or pull subscribers
+// (startProcesses).
 type fleet struct {
 	t         *testing.T
 	instances []*instance
@@ -367,18 +374,9 @@ func startFleet(t *testing.T, n int, env ...string) *fleet {
 	return startFleetOf(t, serverBin, n, env...)
 }
 
-// startFleetOf runs n instances of bin.
+// startFleetOf runs n instances of bin behind a round-robin balancer.
 func startFleetOf(t *testing.T, bin string, n int, env ...string) *fleet {
-	f := &fleet{t: t, statuses: map[int]int{}, bin: bin, deaths: map[int64]time.Time{}, logs: map[int64]*syncBuffer{}, acks: map[string]time.Time{}, keyOf: orderKey}
-	for range n {
-		port, err := testsvc.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		in := &instance{port: port}
-		f.instances = append(f.instances, in)
-		f.wg.Go(func() { f.supervise(in, env) })
-	}
+	f := startProcesses(t, bin, n, env...)
 	var next atomic.Int64
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
@@ -408,8 +406,24 @@ func startFleetOf(t *testing.T, bin string, n int, env ...string) *fleet {
 			f.count(http.StatusBadGateway)
 		}
 	}))
+	return f
+}
+
+// startProcesses runs n instances of bin, each restarted when it dies, and
+// waits until every one answers on its $PORT. The fleet has no balancer:
+// startFleetOf adds it for push; pull subscribers fetch their own work.
+func startProcesses(t *testing.T, bin string, n int, env ...string) *fleet {
+	f := &fleet{t: t, statuses: map[int]int{}, bin: bin, deaths: map[int64]time.Time{}, logs: map[int64]*syncBuffer{}, acks: map[string]time.Time{}, keyOf: orderKey}
+	for range n {
+		port, err := testsvc.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := &instance{port: port}
+		f.instances = append(f.instances, in)
+		f.wg.Go(func() { f.supervise(in, env) })
+	}
 	t.Cleanup(f.close)
-	// Wait for every instance to serve.
 	deadline := time.Now().Add(30 * time.Second)
 	for _, in := range f.instances {
 		for !isServing(in.port) {
@@ -518,7 +532,7 @@ func (f *fleet) supervise(in *instance, env []string) {
 			return
 		}
 		in.mu.Lock()
-		in.cmd, in.started = cmd, time.Now()
+		in.cmd, in.started, in.n = cmd, time.Now(), n
 		in.mu.Unlock()
 		err := cmd.Wait()
 		f.mu.Lock()
@@ -600,7 +614,9 @@ func (f *fleet) close() {
 		in.mu.Unlock()
 	}
 	f.wg.Wait()
-	f.lb.Close()
+	if f.lb != nil {
+		f.lb.Close()
+	}
 }
 
 // eventually polls cond until it holds or the timeout passes.

@@ -95,18 +95,18 @@ func TestStormParamsFromFlagsEnvironmentAndDefaults(t *testing.T) {
 	getenv := func(k string) string { return env[k] }
 	p, err := loadStormParams(nil, getenv)
 	if err != nil || p.Orders != 100 || p.Instances != 4 || p.CrashRate != 0.1 || p.KillEvery != 300*time.Millisecond ||
-		p.Lease != 2*time.Second || strings.Join(p.Backends, ",") != "datastore,redis,postgres" {
+		p.Lease != 2*time.Second || p.PullKillEvery != 3*time.Second || p.PullOrders != 40 || strings.Join(p.Backends, ",") != "datastore,redis,postgres" {
 		t.Fatalf("defaults: %+v, %v", p, err)
 	}
 	env = map[string]string{"STORM_ORDERS": "1000", "STORM_INSTANCES": "8", "STORM_BACKEND": "redis, postgres",
-		"STORM_CRASH_RATE": "0.2", "STORM_KILL_EVERY": "1s", "STORM_LEASE": "3s"}
+		"STORM_CRASH_RATE": "0.2", "STORM_KILL_EVERY": "1s", "STORM_LEASE": "3s", "STORM_PULL_KILL_EVERY": "4s", "STORM_PULL_ORDERS": "7"}
 	p, err = loadStormParams(map[string]string{"storm.orders": "30", "storm.backend": "postgres"}, getenv)
 	if err != nil || p.Orders != 30 || p.Instances != 8 || p.CrashRate != 0.2 || p.KillEvery != time.Second ||
-		p.Lease != 3*time.Second || strings.Join(p.Backends, ",") != "postgres" {
+		p.Lease != 3*time.Second || p.PullKillEvery != 4*time.Second || p.PullOrders != 7 || strings.Join(p.Backends, ",") != "postgres" {
 		t.Fatalf("a flag over the environment over the defaults: %+v, %v", p, err)
 	}
 	for k, bad := range map[string]string{"STORM_ORDERS": "0", "STORM_INSTANCES": "1", "STORM_CRASH_RATE": "0",
-		"STORM_KILL_EVERY": "0s", "STORM_LEASE": "soon", "STORM_BACKEND": "mysql"} {
+		"STORM_KILL_EVERY": "0s", "STORM_LEASE": "soon", "STORM_BACKEND": "mysql", "STORM_PULL_KILL_EVERY": "-1s", "STORM_PULL_ORDERS": "0"} {
 		env = map[string]string{k: bad}
 		if _, err := loadStormParams(nil, getenv); err == nil || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s=%s: %v, want an error naming it", k, bad, err)

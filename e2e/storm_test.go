@@ -40,6 +40,8 @@ var stormSettings = []struct {
 	{"storm.instances", "STORM_INSTANCES", "4", "function instances behind the balancer"},
 	{"storm.crash-rate", "STORM_CRASH_RATE", "0.1", "chance that an instance exits right after a send, before Complete"},
 	{"storm.kill-every", "STORM_KILL_EVERY", "300ms", "how often a random instance is SIGKILLed"},
+	{"storm.pull-orders", "STORM_PULL_ORDERS", "40", "orders per pull storm (a subscriber's crash strands its messages for an ack deadline, doubled each time it recurs: the pull storm runs longer per order)"},
+	{"storm.pull-kill-every", "STORM_PULL_KILL_EVERY", "3s", "how often the pull storm SIGKILLs a subscriber inside its callback (none if none is within half the interval; each kill strands the messages the process held for an ack deadline)"},
 	{"storm.lease", "STORM_LEASE", "2s", "the function's lease (IDEMPOTENCY_LEASE)"},
 	{"storm.backend", "STORM_BACKEND", "datastore,redis,postgres", "the backends to storm, in turn (comma-separated)"},
 }
@@ -60,6 +62,8 @@ type stormParams struct {
 	Orders, Instances int
 	CrashRate         float64
 	KillEvery, Lease  time.Duration
+	PullKillEvery     time.Duration
+	PullOrders        int
 	Backends          []string
 }
 
@@ -105,6 +109,18 @@ func loadStormParams(setFlags map[string]string, getenv func(string) string) (st
 	})
 	num("STORM_KILL_EVERY", func(v string) (err error) {
 		if p.KillEvery, err = time.ParseDuration(v); err == nil && p.KillEvery <= 0 {
+			err = errors.New("want a positive interval: a storm without kills proves nothing")
+		}
+		return err
+	})
+	num("STORM_PULL_ORDERS", func(v string) (err error) {
+		if p.PullOrders, err = strconv.Atoi(v); err == nil && p.PullOrders < 1 {
+			err = errors.New("want at least 1")
+		}
+		return err
+	})
+	num("STORM_PULL_KILL_EVERY", func(v string) (err error) {
+		if p.PullKillEvery, err = time.ParseDuration(v); err == nil && p.PullKillEvery <= 0 {
 			err = errors.New("want a positive interval: a storm without kills proves nothing")
 		}
 		return err
@@ -252,50 +268,12 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 	ps.subscribe(t, "orders-a", "orders", f.lb.URL)
 	ps.subscribe(t, "orders-b", "orders", f.lb.URL)
 
-	stopKilling := make(chan struct{})
-	killerDone := make(chan struct{})
-	go func() {
-		defer close(killerDone)
-		tick := time.NewTicker(p.KillEvery)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stopKilling:
-				return
-			case <-tick.C:
-				f.killAny(time.Second)
-			}
-		}
-	}()
-	stopKillers := sync.OnceFunc(func() { close(stopKilling); <-killerDone })
+	stopKillers := f.killEvery(p.KillEvery, func() { f.killAny(time.Second) })
 	defer stopKillers()
 
-	// Order ids carry a run id, so storms sharing a server never share keys.
-	run := fmt.Sprintf("%06d", rand.IntN(1e6))
-	keys := make([]string, p.Orders)
 	res := stormResult{Backend: backend, Orders: p.Orders, Instances: p.Instances, Lease: p.Lease, CrashRate: p.CrashRate, KillEvery: p.KillEvery}
-	// Ten orders per publish request, one request per kill interval: the
-	// orders arrive over a stretch of kills, not all before the first.
-	const perRequest = 10
-	for i := 0; i < p.Orders; i += perRequest {
-		if i > 0 {
-			time.Sleep(p.KillEvery)
-		}
-		var batch []pubMessage
-		for j := i; j < min(i+perRequest, p.Orders); j++ {
-			po := fmt.Sprintf("PO-%s-%05d", run, j)
-			keys[j] = "orders:" + po
-			m := pubMessage{attrs: map[string]string{"po_id": po}, data: order(po)}
-			batch = append(batch, m)
-			if j%4 == 0 {
-				batch = append(batch, m) // the producer publishes a quarter of the orders twice
-			}
-		}
-		if err := ps.publishBatch("orders", batch); err != nil {
-			t.Fatalf("publishing: %v", err)
-		}
-		res.Published += len(batch)
-	}
+	var keys []string
+	keys, res.Published = publishOrders(t, ps, "orders", p.Orders, p.KillEvery)
 
 	supplied := func() int {
 		d, _ := sup.orders()
@@ -326,19 +304,11 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 		return fencedOutIn(f.logOf(n), key, fence)
 	}})
 	res.Lost, res.Resends, res.Overruns, res.Duplicates = len(v.lost), v.resends, len(v.overruns), len(v.duplicates)
-	for _, k := range v.lost {
-		res.Problems = append(res.Problems, fmt.Sprintf("lost: %s never reached the supplier", k))
-	}
-	res.Problems = append(res.Problems, v.duplicates...)
+	res.Problems = append(res.Problems, v.problems()...)
 	res.overrunNotes = v.overruns
-	for _, k := range v.unknown {
-		res.Problems = append(res.Problems, fmt.Sprintf("the supplier got key %q, which no order has", k))
-	}
-	notDone := notDoneKeys(t, backendEnv, keys)
-	res.NotDone = len(notDone)
-	for _, k := range notDone {
-		res.Problems = append(res.Problems, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, notDone[k]))
-	}
+	var notDone []string
+	res.NotDone, notDone = notDoneProblems(t, backendEnv, keys)
+	res.Problems = append(res.Problems, notDone...)
 	// Guards against a storm that stormed nothing.
 	if res.Crashes == 0 {
 		res.Problems = append(res.Problems, "no instance crashed between a send and its completion")
@@ -353,6 +323,60 @@ func runStorm(t *testing.T, backend string, p stormParams, bin string, extraEnv 
 	return res
 }
 
+// killEvery calls kill at every tick of interval until the returned stop
+// is called (stop waits for the last kill; calling it again is a no-op).
+func (f *fleet) killEvery(interval time.Duration, kill func()) (stop func()) {
+	stopKilling := make(chan struct{})
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopKilling:
+				return
+			case <-tick.C:
+				kill()
+			}
+		}
+	}()
+	return sync.OnceFunc(func() { close(stopKilling); <-killerDone })
+}
+
+// publishOrders publishes n orders on topic, each under a po_id attribute
+// that names it, and a quarter of them twice (two messageIds, one order),
+// as a producer retrying a publish does: ten orders per publish request,
+// one request per interval, so the orders arrive over a stretch of the
+// storm's kills rather than all before the first. It returns every order's
+// key ("orders:" and the po_id) and the number of messages published.
+// Order ids carry a run id, so storms sharing a server never share keys.
+func publishOrders(t *testing.T, ps *pubsub, topic string, n int, interval time.Duration) (keys []string, published int) {
+	run := fmt.Sprintf("%06d", rand.IntN(1e6))
+	keys = make([]string, n)
+	const perRequest = 10
+	for i := 0; i < n; i += perRequest {
+		if i > 0 {
+			time.Sleep(interval)
+		}
+		var batch []pubMessage
+		for j := i; j < min(i+perRequest, n); j++ {
+			po := fmt.Sprintf("PO-%s-%05d", run, j)
+			keys[j] = "orders:" + po
+			m := pubMessage{attrs: map[string]string{"po_id": po}, data: order(po)}
+			batch = append(batch, m)
+			if j%4 == 0 {
+				batch = append(batch, m)
+			}
+		}
+		if err := ps.publishBatch(topic, batch); err != nil {
+			t.Fatalf("publishing: %v", err)
+		}
+		published += len(batch)
+	}
+	return keys, published
+}
+
 // verdict is what judge found in a storm's supplier log.
 type verdict struct {
 	lost       []string // order keys the supplier never received
@@ -360,6 +384,29 @@ type verdict struct {
 	resends    int      // body runs beyond the first, per key
 	overruns   []string // re-sends after a run that outran its lease, described
 	duplicates []string // re-sends nothing explains, described
+}
+
+// problems describes each lost, duplicated and unknown key of v.
+func (v verdict) problems() []string {
+	var out []string
+	for _, k := range v.lost {
+		out = append(out, fmt.Sprintf("lost: %s never reached the supplier", k))
+	}
+	out = append(out, v.duplicates...)
+	for _, k := range v.unknown {
+		out = append(out, fmt.Sprintf("the supplier got key %q, which no order has", k))
+	}
+	return out
+}
+
+// notDoneProblems runs notDoneKeys and describes each key it returns.
+func notDoneProblems(t *testing.T, backendEnv []string, keys []string) (int, []string) {
+	notDone := notDoneKeys(t, backendEnv, keys)
+	var out []string
+	for k, why := range notDone {
+		out = append(out, fmt.Sprintf("%s: its record is not Done after the storm: %s", k, why))
+	}
+	return len(notDone), out
 }
 
 // stormFacts is what the harness saw of the fleet, beside the supplier's
@@ -582,14 +629,20 @@ func waitUntil(timeout time.Duration, cond func() bool) bool {
 // quiet waits until the fleet has received no delivery for d; it reports
 // false if that does not happen within timeout.
 func (f *fleet) quiet(d, timeout time.Duration) bool {
+	return quietFor(d, timeout, f.deliveries.Load)
+}
+
+// quietFor waits until count has not changed for d; it reports false if
+// that does not happen within timeout.
+func quietFor(d, timeout time.Duration, count func() int64) bool {
 	deadline := time.Now().Add(timeout)
-	last, since := f.deliveries.Load(), time.Now()
+	last, since := count(), time.Now()
 	for time.Since(since) < d {
 		if time.Now().After(deadline) {
 			return false
 		}
 		time.Sleep(100 * time.Millisecond)
-		if n := f.deliveries.Load(); n != last {
+		if n := count(); n != last {
 			last, since = n, time.Now()
 		}
 	}
@@ -633,52 +686,31 @@ func (p *pubsub) publishBatch(topic string, msgs []pubMessage) error {
 
 // brokenRegistration replaces the function package in the broken server's
 // generated main: it registers HandleOrder as the example does, over the
-// backend orders.Setup builds, wrapped in the defect E2E_BROKEN names.
+// backend orders.Setup builds, wrapped (by internal/broken's Wrap, copied
+// beside it) in the defect E2E_BROKEN names.
 const brokenRegistration = `package main
 
 import (
 	"context"
 	"log"
 	"os"
-	"time"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/function_example/orders"
-	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
-
-// completeNoop reports every Complete as done without writing it.
-type completeNoop struct{ store.Backend }
-
-func (completeNoop) Complete(context.Context, store.Claim) (bool, error) { return true, nil }
-
-// claimAlwaysWins turns every outcome of Claim into Won, with a fence
-// above any real one (so only the storm's other rules can catch it).
-type claimAlwaysWins struct{ store.Backend }
-
-func (b claimAlwaysWins) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
-	r, err := b.Backend.Claim(ctx, key, lease)
-	if err != nil || r.Outcome == store.Won {
-		return r, err
-	}
-	return store.Result{Outcome: store.Won, Claim: store.Claim{Key: key, Fence: time.Now().UnixNano(),
-		Token: store.NewToken(), LeaseExpiry: time.Now().Add(lease)}}, nil
-}
 
 func init() {
 	backend, lease, err := orders.Setup(context.Background())
 	if err != nil {
 		log.Fatal(err)
 	}
-	switch os.Getenv("E2E_BROKEN") {
-	case "complete-noop":
-		backend = completeNoop{backend}
-	case "claim-always-wins":
-		backend = claimAlwaysWins{backend}
-	default:
-		log.Fatalf("E2E_BROKEN=%q: unknown defect", os.Getenv("E2E_BROKEN"))
+	if os.Getenv("E2E_BROKEN") == "" {
+		log.Fatal("E2E_BROKEN is not set: the broken server needs a defect")
+	}
+	if backend, err = Wrap(backend, os.Getenv("E2E_BROKEN")); err != nil {
+		log.Fatal(err)
 	}
 	functions.CloudEvent("HandleOrder", idempotency.Idempotent(backend, orders.OrderOptions(lease)...)(orders.HandleOrder))
 }
@@ -706,7 +738,17 @@ func brokenServer(t *testing.T) string {
 			return
 		}
 		gomod := "module functions.local/broken\n\ngo 1.26\n\nrequire github.com/gcp-pubsub-idempotency/idempotency v0.0.0-00010101000000-000000000000\n" + localReplaces(repo)
-		for name, text := range map[string]string{"go.mod": gomod, "main.go": main, "broken.go": brokenRegistration} {
+		defects, err := os.ReadFile(filepath.Join("internal", "broken", "broken.go"))
+		if err != nil {
+			brokenErr = err
+			return
+		}
+		defectsMain := strings.Replace(string(defects), "\npackage broken\n", "\npackage main\n", 1)
+		if defectsMain == string(defects) {
+			brokenErr = errors.New("internal/broken/broken.go no longer declares package broken as expected")
+			return
+		}
+		for name, text := range map[string]string{"go.mod": gomod, "main.go": main, "broken.go": brokenRegistration, "defects.go": defectsMain} {
 			if err := os.MkdirAll(app, 0o755); err != nil {
 				brokenErr = err
 				return
