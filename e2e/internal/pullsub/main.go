@@ -16,6 +16,9 @@
 //	E2E_MAX_OUTSTANDING    ReceiveSettings.MaxOutstandingMessages
 //	E2E_CRASH_RATE         the chance of exiting (status 3) right after the
 //	                       effect, before the key is completed
+//	E2E_CRASH_DIR          where the processes mark the keys that crashed:
+//	                       each key crashes at most once, and none does
+//	                       once the file "stop" exists there
 //	E2E_MODE               "send" (default): POST the order to the
 //	                       supplier; "tx": INSERT it into e2e_pull_sink in
 //	                       E2E_SINK_TABLE in the handler's transaction
@@ -33,6 +36,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +44,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -93,7 +98,7 @@ func run(ctx context.Context) error {
 	// a message handed to a process that then dies comes back only after
 	// that, whatever the subscription's deadline.
 	sub.ReceiveSettings.MaxDurationPerAckExtension = perAck
-	w := worker{rate: rate, incarnation: os.Getenv("E2E_INCARNATION"), supplier: os.Getenv("SUPPLIER_URL"), sink: os.Getenv("E2E_SINK_TABLE")}
+	w := worker{rate: rate, crashDir: os.Getenv("E2E_CRASH_DIR"), incarnation: os.Getenv("E2E_INCARNATION"), supplier: os.Getenv("SUPPLIER_URL"), sink: os.Getenv("E2E_SINK_TABLE")}
 	opts := orders.OrderOptions(lease)
 
 	var handle func(context.Context, *pubsub.Message)
@@ -155,6 +160,7 @@ func event(what string, kv ...string) {
 // worker is the effect of one order.
 type worker struct {
 	rate        float64
+	crashDir    string
 	incarnation string
 	supplier    string
 	sink        string
@@ -162,12 +168,27 @@ type worker struct {
 
 // crash exits at the worker's rate: after the effect, before the key is
 // completed (the crash window no lock closes, and in tx mode before the
-// commit).
-func (w worker) crash() {
-	if rand.Float64() < w.rate {
-		fmt.Fprintln(os.Stderr, "e2e: crashing after the effect, before complete")
-		os.Exit(3)
+// commit). Each key crashes at most once, and none after the harness
+// said stop: a crash strands the message for an ack deadline, and the
+// emulator doubles that wait each time the same message is stranded
+// again, so crashes without a bound could keep one key from its end for
+// longer than the harness waits.
+func (w worker) crash(key string) {
+	if rand.Float64() >= w.rate {
+		return
 	}
+	if w.crashDir != "" {
+		if _, err := os.Stat(filepath.Join(w.crashDir, "stop")); err == nil {
+			return
+		}
+		f, err := os.OpenFile(filepath.Join(w.crashDir, hex.EncodeToString([]byte(key))), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			return // crashed before, or the mark cannot be made: no crash
+		}
+		f.Close()
+	}
+	fmt.Fprintln(os.Stderr, "e2e: crashing after the effect, before complete")
+	os.Exit(3)
 }
 
 // work stands for the handler's own work before its effect, so that the
@@ -203,7 +224,7 @@ func (w worker) send(ctx context.Context, m *pubsub.Message) error {
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("supplier: %s", resp.Status)
 	}
-	w.crash()
+	w.crash(claim.Key)
 	return nil
 }
 
@@ -219,7 +240,7 @@ func (w worker) insert(ctx context.Context, m *pubsub.Message, tx *sql.Tx) error
 		claim.Key, claim.Fence, w.incarnation, m.ID); err != nil {
 		return err
 	}
-	w.crash()
+	w.crash(claim.Key)
 	return nil
 }
 
