@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // plainIdent is the rule New must enforce, written out byte by byte rather

@@ -54,8 +54,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,7 +61,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // DefaultTable is the table the backend uses unless WithTable says
@@ -133,8 +131,6 @@ var (
 	_ store.Fingerprinter = (*Backend)(nil)
 )
 
-var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 // New returns a Backend over db in dialect d. It does no I/O: call
 // EnsureSchema, or create the table yourself from Schema. It fails if db is
 // nil, d is not one of [Postgres], [MySQL] or [SQLite], or an option's
@@ -154,14 +150,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	if sq == nil {
 		return nil, fmt.Errorf("sqllock: %v is not a dialect (use sqllock.Postgres, sqllock.MySQL or sqllock.SQLite)", d)
 	}
-	parts := strings.Split(b.table, ".")
-	if len(parts) > 2 {
-		return nil, fmt.Errorf("sqllock: table name %q: at most schema.table", b.table)
-	}
-	for _, p := range parts {
-		if !identifier.MatchString(p) {
-			return nil, fmt.Errorf("sqllock: table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]{0,62})", b.table, p)
-		}
+	parts, err := dialect.CheckTable(b.table)
+	if err != nil {
+		return nil, fmt.Errorf("sqllock: %w", err)
 	}
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("sqllock: %w", err)
@@ -419,32 +410,17 @@ type row struct {
 	fp                            sql.NullString
 }
 
-// stamp is what the fingerprint column holds for fp completed at fence:
-// NULL for none, else "<fence>:<fp>".
-func stamp(fence int64, fp string) any {
-	if fp == "" {
-		return nil
-	}
-	return strconv.FormatInt(fence, 10) + ":" + fp
-}
+// stamp is what the fingerprint column holds for fp completed at fence
+// (dialect.Stamp).
+func stamp(fence int64, fp string) any { return dialect.Stamp(fence, fp) }
 
 // unstamp returns the fingerprint that v, read from a Done record at
-// fence, holds: "" for NULL, or for a stamp of another fence. A stamp of
-// another fence is left by a Complete of an earlier life of the record,
-// overwritten by this package's next Complete but not by an earlier
-// version's (which knows no fingerprints), so a table shared by instances
-// of both during an upgrade never reports a fingerprint for a completion
-// that stored none.
-func unstamp(v sql.NullString, fence int64) string {
-	if !v.Valid {
-		return ""
-	}
-	f, fp, ok := strings.Cut(v.String, ":")
-	if !ok || f != strconv.FormatInt(fence, 10) {
-		return ""
-	}
-	return fp
-}
+// fence, holds (dialect.Unstamp). A stamp of another fence is left by a
+// Complete of an earlier life of the record, overwritten by this
+// package's next Complete but not by an earlier version's (which knows no
+// fingerprints), so a table shared by instances of both during an upgrade
+// never reports a fingerprint for a completion that stored none.
+func unstamp(v sql.NullString, fence int64) string { return dialect.Unstamp(v.String, v.Valid, fence) }
 
 func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
 	err = b.queryRow(ctx, b.q.Read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now)

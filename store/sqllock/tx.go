@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.TxBackend[*sql.Tx] = (*Backend)(nil)

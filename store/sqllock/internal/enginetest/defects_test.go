@@ -11,7 +11,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // raceClaims sends n Claims on key at once and returns their results and

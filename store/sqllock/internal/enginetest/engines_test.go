@@ -19,7 +19,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // engine opens databases of one kind for the tests.
