@@ -1,16 +1,12 @@
 package pgxlock
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.Operator = (*Backend)(nil)
@@ -125,24 +121,16 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 	if limit == 0 {
 		limit = store.DefaultListLimit
 	}
-	// Every valid key is at least "\x01".
-	lower := []byte("\x01")
-	if q.Prefix != "" {
-		lower = []byte(q.Prefix)
-	}
-	if q.Cursor != "" {
-		last, err := b.readCursor(q)
-		if err != nil {
-			return store.Page{}, err
-		}
-		lower = append(last, 0) // nothing lies between last and last+"\x00"
+	lower, upper, err := b.listing().Bounds(q)
+	if err != nil {
+		return store.Page{}, err
 	}
 	text, args := b.q.List, []any{lower, limit, int64(q.State)}
-	if upper := successor([]byte(q.Prefix)); upper != nil {
+	if upper != nil {
 		text, args = b.q.ListBelow, append(args, upper)
 	}
 	var page store.Page
-	err := b.retry(ctx, func() error {
+	err = b.retry(ctx, func() error {
 		var err error
 		page, err = b.list(ctx, q, text, args, limit)
 		return err
@@ -181,48 +169,14 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 		return store.Page{}, err
 	}
 	if read >= int64(limit) && last != nil {
-		page.Next = b.cursor(q, last)
+		page.Next = b.listing().Cursor(q, last)
 	}
 	return page, nil
 }
 
-// successor is the least byte string above every string with prefix, or
-// nil when there is none (an empty prefix, or one of 0xff bytes only).
-func successor(prefix []byte) []byte {
-	end := len(prefix)
-	for end > 0 && prefix[end-1] == 0xff {
-		end--
-	}
-	if end == 0 {
-		return nil
-	}
-	up := bytes.Clone(prefix[:end])
-	up[end-1]++
-	return up
-}
-
-const cursorVersion = 1
-
-// querySum binds a cursor to the table and the query it was issued for.
-func (b *Backend) querySum(q store.ListQuery) []byte {
-	sum := sha256.Sum256([]byte("pgx\x00" + b.table + "\x00" + strconv.Itoa(int(q.State)) + "\x00" + q.Prefix))
-	return sum[:8]
-}
-
-func (b *Backend) cursor(q store.ListQuery, last []byte) string {
-	c := append([]byte{cursorVersion}, b.querySum(q)...)
-	return base64.RawURLEncoding.EncodeToString(append(c, last...))
-}
-
-func (b *Backend) readCursor(q store.ListQuery) ([]byte, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(q.Cursor)
-	sum := b.querySum(q)
-	if err != nil || len(raw) < 1+len(sum)+1 || raw[0] != cursorVersion || !bytes.Equal(raw[1:1+len(sum)], sum) {
-		return nil, fmt.Errorf("%w: the cursor was not issued by this backend for prefix %q and state %v", store.ErrInvalidQuery, q.Prefix, q.State)
-	}
-	last := raw[1+len(sum):]
-	if store.ValidateKey(string(last)) != nil || !strings.HasPrefix(string(last), q.Prefix) {
-		return nil, fmt.Errorf("%w: the cursor holds a key outside prefix %q", store.ErrInvalidQuery, q.Prefix)
-	}
-	return last, nil
+// listing is the backend's listing of its table: sqllock's PostgreSQL
+// dialect's, so that a cursor either backend issued on the table is
+// accepted by the other.
+func (b *Backend) listing() dialect.Listing {
+	return dialect.Listing{Engine: dialect.Postgres().Name, Table: b.table}
 }

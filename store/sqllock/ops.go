@@ -1,17 +1,13 @@
 package sqllock
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/base64"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.Operator = (*Backend)(nil)
@@ -150,21 +146,10 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 	if limit == 0 {
 		limit = store.DefaultListLimit
 	}
-	// Every valid key is at least "\x01": a key is not empty and holds no
-	// NUL byte.
-	lower := []byte("\x01")
-	if q.Prefix != "" {
-		lower = []byte(q.Prefix)
+	lower, upper, err := b.listing().Bounds(q)
+	if err != nil {
+		return store.Page{}, err
 	}
-	if q.Cursor != "" {
-		last, err := b.readCursor(q)
-		if err != nil {
-			return store.Page{}, err
-		}
-		// No byte string lies between last and last+"\x00".
-		lower = append(last, 0)
-	}
-	upper := successor([]byte(q.Prefix))
 	state := int64(q.State)
 	var text string
 	var args []any
@@ -182,7 +167,7 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 		text, args = b.q.ListBelow, []any{lower, upper, limit, state, state}
 	}
 	var page store.Page
-	err := b.retry(ctx, func() error {
+	err = b.retry(ctx, func() error {
 		var err error
 		page, err = b.list(ctx, q, text, args, limit)
 		return err
@@ -227,58 +212,13 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 		return store.Page{}, err
 	}
 	if read >= int64(limit) && last != nil {
-		page.Next = b.cursor(q, last)
+		page.Next = b.listing().Cursor(q, last)
 	}
 	return page, nil
 }
 
-// successor returns the least byte string above every string that starts
-// with prefix, or nil when there is none (an empty prefix, or one of 0xFF
-// bytes only).
-func successor(prefix []byte) []byte {
-	// Not bytes.TrimRight: its cutset is read as UTF-8, and "\xff" would
-	// trim any invalid byte.
-	end := len(prefix)
-	for end > 0 && prefix[end-1] == 0xff {
-		end--
-	}
-	if end == 0 {
-		return nil
-	}
-	up := bytes.Clone(prefix[:end])
-	up[end-1]++
-	return up
-}
-
-// cursorVersion is the first byte of a cursor: its format.
-const cursorVersion = 1
-
-// querySum is the digest that binds a cursor to the table, the prefix and
-// the state it was issued for.
-func (b *Backend) querySum(q store.ListQuery) []byte {
-	sum := sha256.Sum256([]byte(b.d.String() + "\x00" + b.table + "\x00" + strconv.Itoa(int(q.State)) + "\x00" + q.Prefix))
-	return sum[:8]
-}
-
-// cursor encodes the last key a List call read: base64 (URL alphabet, no
-// padding) of the format byte, the query's digest and the key.
-func (b *Backend) cursor(q store.ListQuery, last []byte) string {
-	c := append([]byte{cursorVersion}, b.querySum(q)...)
-	return base64.RawURLEncoding.EncodeToString(append(c, last...))
-}
-
-// readCursor returns the last key that q.Cursor holds, or an error
-// wrapping store.ErrInvalidQuery when this backend did not issue it for
-// q's prefix and state.
-func (b *Backend) readCursor(q store.ListQuery) ([]byte, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(q.Cursor)
-	sum := b.querySum(q)
-	if err != nil || len(raw) < 1+len(sum)+1 || raw[0] != cursorVersion || !bytes.Equal(raw[1:1+len(sum)], sum) {
-		return nil, fmt.Errorf("%w: the cursor was not issued by this backend for prefix %q and state %v", store.ErrInvalidQuery, q.Prefix, q.State)
-	}
-	last := raw[1+len(sum):]
-	if store.ValidateKey(string(last)) != nil || !strings.HasPrefix(string(last), q.Prefix) {
-		return nil, fmt.Errorf("%w: the cursor holds a key outside prefix %q", store.ErrInvalidQuery, q.Prefix)
-	}
-	return last, nil
+// listing is the backend's listing of its table (its cursors name the
+// dialect and the table).
+func (b *Backend) listing() dialect.Listing {
+	return dialect.Listing{Engine: b.d.String(), Table: b.table}
 }

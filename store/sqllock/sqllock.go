@@ -819,31 +819,23 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 }
 
 // PurgeBatch is how many rows one PurgeExpired statement deletes at most.
-const PurgeBatch = 1000
+const PurgeBatch = dialect.PurgeBatch
 
 // PurgeExpired implements store.Purger: it deletes rows whose
 // expires_at_ms has passed by the database's clock, PurgeBatch rows per
 // statement, until none are left or limit rows are gone.
 func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
-	total := 0
-	for limit <= 0 || total < limit {
-		n := PurgeBatch
-		if limit > 0 && limit-total < n {
-			n = limit - total
-		}
+	total, err := dialect.Purge(limit, func(n int) (int64, error) {
 		var deleted int64
 		err := b.retry(ctx, func() error {
 			var err error
 			deleted, err = b.exec(ctx, b.q.Purge, n)
 			return err
 		})
-		if err != nil {
-			return total, fmt.Errorf("sqllock: purge: %w", err)
-		}
-		total += int(deleted)
-		if deleted < int64(n) {
-			break
-		}
+		return deleted, err
+	})
+	if err != nil {
+		return total, fmt.Errorf("sqllock: purge: %w", err)
 	}
 	return total, nil
 }

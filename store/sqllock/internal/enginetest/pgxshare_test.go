@@ -20,8 +20,8 @@ import (
 // dialect, database/sql) is read, claimed, completed and listed by
 // pgxlock, and one written by pgxlock by sqllock, with no migration: the
 // table sqllock's EnsureSchema made is the one pgxlock's would make
-// (EnsureSchema changes nothing on it), and the fingerprint column's
-// stamps read the same both ways.
+// (EnsureSchema changes nothing on it), the fingerprint column's stamps
+// read the same both ways, and a listing's cursor carries over.
 func TestSharesTheTableWithSqllock(t *testing.T) {
 	dsn := testsvc.Postgres(t)
 	ctx := t.Context()
@@ -106,13 +106,16 @@ func TestSharesTheTableWithSqllock(t *testing.T) {
 		t.Fatalf("sqllock read fingerprint %q of pgxlock's record, want fp-2", got.Fingerprint)
 	}
 
-	// Each lists the other's records.
-	page, err := sq.List(ctx, store.ListQuery{State: store.Done})
-	if err != nil || len(page.Records) != 3 {
-		t.Fatalf("sqllock List = %d records, %v; want 3", len(page.Records), err)
-	}
-	page, err = px.List(ctx, store.ListQuery{State: store.Done})
-	if err != nil || len(page.Records) != 3 {
-		t.Fatalf("pgxlock List = %d records, %v; want 3", len(page.Records), err)
+	// Each lists the other's records, and continues the other's listing
+	// from its cursor.
+	for _, pair := range [][2]store.Lister{{sq, px}, {px, sq}} {
+		first, err := pair[0].List(ctx, store.ListQuery{State: store.Done, Limit: 1})
+		if err != nil || len(first.Records) != 1 || first.Next == "" {
+			t.Fatalf("%T List, limit 1 = %+v, %v", pair[0], first, err)
+		}
+		rest, err := pair[1].List(ctx, store.ListQuery{State: store.Done, Cursor: first.Next})
+		if err != nil || len(rest.Records) != 2 || rest.Next != "" {
+			t.Fatalf("%T List from %T's cursor = %+v, %v; want the other 2 records", pair[1], pair[0], rest, err)
+		}
 	}
 }
