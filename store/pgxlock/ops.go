@@ -3,30 +3,12 @@ package pgxlock
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.Operator = (*Backend)(nil)
-
-// record turns a row of key into a store.Record.
-func record(key string, r row) store.Record {
-	rec := store.Record{
-		Key:         key,
-		State:       store.State(r.state),
-		Fence:       r.fence,
-		LeaseExpiry: time.UnixMilli(r.lease),
-		ExpiresAt:   time.UnixMilli(r.exp),
-		Version:     store.VersionOf(r.token),
-		Now:         time.UnixMilli(r.now),
-	}
-	if rec.State == store.Done {
-		rec.Fingerprint = unstamp(r.fp, r.fence)
-	}
-	return rec
-}
 
 // Inspect implements store.Inspector: one read of the record, with the
 // database's now.
@@ -47,7 +29,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (store.Record, bool, 
 	if !found {
 		return store.Record{}, false, nil
 	}
-	return record(key, r), true, nil
+	return r.Record(key), true, nil
 }
 
 // ForceRelease implements store.ForceReleaser: it reads the record and,
@@ -66,7 +48,7 @@ func (b *Backend) ForceRelease(ctx context.Context, r store.Record) (bool, error
 			released = false
 			return err
 		}
-		tag, err := b.db.Exec(ctx, b.q.Release, k, cur.fence, millis(b.ttl), cur.token)
+		tag, err := b.db.Exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
 		released = err == nil && tag.RowsAffected() == 1
 		return err
 	})
@@ -90,7 +72,7 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 			deleted = false
 			return err
 		}
-		tag, err := b.db.Exec(ctx, b.q.Forget, k, cur.fence, cur.token)
+		tag, err := b.db.Exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
 		deleted = err == nil && tag.RowsAffected() == 1
 		return err
 	})
@@ -107,7 +89,7 @@ func (b *Backend) current(ctx context.Context, k []byte, r store.Record, want st
 	if err != nil || !found {
 		return cur, false, err
 	}
-	ok := store.State(cur.state) == want && cur.fence == r.Fence && store.VersionOf(cur.token) == r.Version
+	ok := store.State(cur.State) == want && cur.Fence == r.Fence && store.VersionOf(cur.Token) == r.Version
 	return cur, ok, nil
 }
 
@@ -161,9 +143,9 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 		if key == nil {
 			continue // the window holds no record in the state
 		}
-		page.Records = append(page.Records, record(string(key), row{
-			state: *state, fence: *fence, lease: *lease, exp: *exp, token: *token, fp: fp, now: now,
-		}))
+		page.Records = append(page.Records, row{
+			State: *state, Fence: *fence, Lease: *lease, Exp: *exp, Token: *token, FP: fp, Now: now,
+		}.Record(string(key)))
 	}
 	if err := rows.Err(); err != nil {
 		return store.Page{}, err

@@ -248,23 +248,12 @@ func firstLine(s string) string {
 // instants.
 func millis(d time.Duration) int64 { return store.CeilUnits(d, time.Millisecond) }
 
-// row is one record as Read returns it.
-type row struct {
-	state, fence, lease, exp, now int64
-	token                         string
-	fp                            *string
-}
-
-func unstamp(fp *string, fence int64) string {
-	if fp == nil {
-		return dialect.Unstamp("", false, fence)
-	}
-	return dialect.Unstamp(*fp, true, fence)
-}
+// row is a record as Read returns it.
+type row = dialect.Row
 
 // read reads the record of k on q (the pool, or a transaction).
 func (b *Backend) read(ctx context.Context, q DB, k []byte) (r row, found bool, err error) {
-	err = q.QueryRow(ctx, b.q.Read, k).Scan(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now)
+	err = q.QueryRow(ctx, b.q.Read, k).Scan(r.Dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, false, nil
 	}
@@ -359,7 +348,7 @@ func (b *Backend) claimOnce(ctx context.Context, args []any, token string) (stor
 		return store.Result{}, errRace
 	}
 	if outcome == 2 {
-		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until), Fingerprint: unstamp(fp, fence)}, nil
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(until), Fingerprint: dialect.Unstamp(fp, fence)}, nil
 	}
 	return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(until)}, nil
 }

@@ -251,9 +251,9 @@ func (b *Backend) settle(ctx context.Context, c store.Claim, cause error) (bool,
 		return false, fmt.Errorf("pgxlock: complete-tx %q fence %d: the commit's outcome is unknown (%w), and settling it failed: %w: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown, err)
 	}
 	switch {
-	case found && r.state == 2 && r.fence == c.Fence && r.token == c.Token:
+	case found && r.State == 2 && r.Fence == c.Fence && r.Token == c.Token:
 		return true, nil
-	case found && r.token == c.Token:
+	case found && r.Token == c.Token:
 		return false, fmt.Errorf("pgxlock: complete-tx %q fence %d: the commit failed (%w); it did not land, and the claim is released", c.Key, c.Fence, cause)
 	}
 	return false, fmt.Errorf("pgxlock: complete-tx %q fence %d: the commit's outcome is unknown (%w), and the record has moved on to another claim since: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown)

@@ -4,30 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.Operator = (*Backend)(nil)
-
-// record is the operator's view of r, the record of key.
-func record(key string, r row) store.Record {
-	rec := store.Record{
-		Key:         key,
-		State:       store.State(r.state),
-		Fence:       r.fence,
-		LeaseExpiry: time.UnixMilli(r.lease),
-		ExpiresAt:   time.UnixMilli(r.exp),
-		Version:     store.VersionOf(r.token),
-		Now:         time.UnixMilli(r.now),
-	}
-	if rec.State == store.Done {
-		rec.Fingerprint = unstamp(r.fp, r.fence)
-	}
-	return rec
-}
 
 // Inspect implements store.Inspector: one SELECT of the key's row by its
 // primary key, with the database's now read in the same statement, by the
@@ -50,7 +32,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (store.Record, bool, 
 	if !found {
 		return store.Record{}, false, nil
 	}
-	return record(key, r), true, nil
+	return r.Record(key), true, nil
 }
 
 // ForceRelease implements store.ForceReleaser. SQL cannot compute the
@@ -75,9 +57,9 @@ func (b *Backend) ForceRelease(ctx context.Context, r store.Record) (bool, error
 		}
 		var n int64
 		if b.q.Returning {
-			n, err = b.exec(ctx, b.q.Release, k, cur.fence, millis(b.ttl), cur.token)
+			n, err = b.exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
 		} else {
-			n, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.fence, cur.token)
+			n, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.Fence, cur.Token)
 		}
 		released = err == nil && n == 1
 		return err
@@ -103,7 +85,7 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 			deleted = false
 			return err
 		}
-		n, err := b.exec(ctx, b.q.Forget, k, cur.fence, cur.token)
+		n, err := b.exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
 		deleted = err == nil && n == 1
 		return err
 	})
@@ -121,7 +103,7 @@ func (b *Backend) current(ctx context.Context, k []byte, r store.Record, want st
 	if err != nil || !found {
 		return cur, false, err
 	}
-	ok := store.State(cur.state) == want && cur.fence == r.Fence && store.VersionOf(cur.token) == r.Version
+	ok := store.State(cur.State) == want && cur.Fence == r.Fence && store.VersionOf(cur.Token) == r.Version
 	return cur, ok, nil
 }
 
@@ -195,7 +177,8 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 	for rows.Next() {
 		var key []byte
 		var state, fence, lease, exp sql.NullInt64
-		var token, fp sql.NullString
+		var token sql.NullString
+		var fp *string
 		var now int64
 		if err := rows.Scan(&last, &read, &key, &state, &fence, &lease, &exp, &token, &fp, &now); err != nil {
 			return store.Page{}, err
@@ -203,10 +186,10 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 		if key == nil {
 			continue // the window holds no record in the state
 		}
-		page.Records = append(page.Records, record(string(key), row{
-			state: state.Int64, fence: fence.Int64, lease: lease.Int64, exp: exp.Int64,
-			token: token.String, fp: fp, now: now,
-		}))
+		page.Records = append(page.Records, row{
+			State: state.Int64, Fence: fence.Int64, Lease: lease.Int64, Exp: exp.Int64,
+			Token: token.String, FP: fp, Now: now,
+		}.Record(string(key)))
 	}
 	if err := rows.Err(); err != nil {
 		return store.Page{}, err

@@ -404,26 +404,23 @@ func (b *Backend) Close() error {
 	return errors.Join(errs...)
 }
 
-type row struct {
-	state, fence, lease, exp, now int64
-	token                         string
-	fp                            sql.NullString
-}
+// row is a record as Read returns it.
+type row = dialect.Row
 
 // stamp is what the fingerprint column holds for fp completed at fence
 // (dialect.Stamp).
 func stamp(fence int64, fp string) any { return dialect.Stamp(fence, fp) }
 
-// unstamp returns the fingerprint that v, read from a Done record at
-// fence, holds (dialect.Unstamp). A stamp of another fence is left by a
+// unstamp returns the fingerprint that v (nil for NULL), read from a
+// Done record at fence, holds (dialect.Unstamp). A stamp of another fence is left by a
 // Complete of an earlier life of the record, overwritten by this
 // package's next Complete but not by an earlier version's (which knows no
 // fingerprints), so a table shared by instances of both during an upgrade
 // never reports a fingerprint for a completion that stored none.
-func unstamp(v sql.NullString, fence int64) string { return dialect.Unstamp(v.String, v.Valid, fence) }
+func unstamp(v *string, fence int64) string { return dialect.Unstamp(v, fence) }
 
 func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
-	err = b.queryRow(ctx, b.q.Read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now)
+	err = b.queryRow(ctx, b.q.Read, []any{key}, r.Dest()...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}
@@ -434,12 +431,12 @@ func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err 
 // the record is reclaimable (or ours) and needs a write.
 func judge(r row, token string) (store.Result, bool) {
 	switch {
-	case r.state == 1 && r.token == token:
+	case r.State == 1 && r.Token == token:
 		return store.Result{}, false
-	case r.state == 2 && r.now < r.exp:
-		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.exp), Fingerprint: unstamp(r.fp, r.fence)}, true
-	case r.state == 1 && r.now < r.lease:
-		return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(r.lease)}, true
+	case r.State == 2 && r.Now < r.Exp:
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.Exp), Fingerprint: unstamp(r.FP, r.Fence)}, true
+	case r.State == 1 && r.Now < r.Lease:
+		return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(r.Lease)}, true
 	}
 	return store.Result{}, false
 }
@@ -526,7 +523,7 @@ func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, t
 		return store.Result{}, err
 	}
 	var outcome, fence, now int64
-	var fp sql.NullString
+	var fp *string
 	err = b.queryRow(ctx, b.q.Claim, args, &outcome, &fence, &until, &now, &fp)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
@@ -574,8 +571,8 @@ func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration
 	if res, ok := judge(r, token); ok {
 		return res, nil
 	}
-	if r.state == 1 && r.token == token {
-		return won(r.fence, r.lease, token), nil
+	if r.State == 1 && r.Token == token {
+		return won(r.Fence, r.Lease, token), nil
 	}
 	return store.Result{}, errRace
 }
@@ -609,8 +606,8 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 	if err != nil {
 		return store.Result{}, err
 	}
-	if found && r.state == 1 && r.token == token {
-		return won(r.fence, r.lease, token), nil
+	if found && r.State == 1 && r.Token == token {
+		return won(r.Fence, r.Lease, token), nil
 	}
 	if !found {
 		return store.Result{}, errRace
@@ -618,13 +615,13 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 	if res, ok := judge(r, token); ok {
 		return res, nil
 	}
-	newLease := r.now + lms
-	n, err := b.exec(ctx, b.q.Reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
+	newLease := r.Now + lms
+	n, err := b.exec(ctx, b.q.Reclaim, newLease, newLease+tms, token, k, r.Fence, r.State)
 	if err != nil {
 		return store.Result{}, err
 	}
 	if n == 1 {
-		return won(r.fence+1, newLease, token), nil
+		return won(r.Fence+1, newLease, token), nil
 	}
 	return store.Result{}, errRace
 }

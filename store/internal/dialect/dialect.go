@@ -17,6 +17,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
@@ -47,20 +50,54 @@ func Stamp(fence int64, fp string) any {
 	return strconv.FormatInt(fence, 10) + ":" + fp
 }
 
-// Unstamp returns the fingerprint that the column's value v (valid false
-// for NULL), read from a Done record at fence, holds: "" for NULL, or for
-// a stamp of another fence (left by a completion of an earlier life of
-// the record), so that a record never reports a fingerprint for a
-// completion that stored none.
-func Unstamp(v string, valid bool, fence int64) string {
-	if !valid {
+// Unstamp returns the fingerprint that the column's value v (nil for
+// NULL), read from a Done record at fence, holds: "" for NULL, or for a
+// stamp of another fence (left by a completion of an earlier life of the
+// record), so that a record never reports a fingerprint for a completion
+// that stored none.
+func Unstamp(v *string, fence int64) string {
+	if v == nil {
 		return ""
 	}
-	f, fp, ok := strings.Cut(v, ":")
+	f, fp, ok := strings.Cut(*v, ":")
 	if !ok || f != strconv.FormatInt(fence, 10) {
 		return ""
 	}
 	return fp
+}
+
+// Row is one record as the Read statement returns it (and the Claim,
+// List and settle paths read it).
+type Row struct {
+	State, Fence, Lease, Exp, Now int64
+	Token                         string
+	// FP is the fingerprint column: nil for NULL, else a stamp.
+	FP *string
+}
+
+// Dest returns where Read's columns scan to, in their order: state,
+// fence, lease expiry, expires-at, token, fingerprint, now.
+func (r *Row) Dest() []any {
+	return []any{&r.State, &r.Fence, &r.Lease, &r.Exp, &r.Token, &r.FP, &r.Now}
+}
+
+// Record is r as key's store.Record: its instants from Unix milliseconds,
+// its token as a Version, and (Done only) the fingerprint stamped with
+// its fence.
+func (r Row) Record(key string) store.Record {
+	rec := store.Record{
+		Key:         key,
+		State:       store.State(r.State),
+		Fence:       r.Fence,
+		LeaseExpiry: time.UnixMilli(r.Lease),
+		ExpiresAt:   time.UnixMilli(r.Exp),
+		Version:     store.VersionOf(r.Token),
+		Now:         time.UnixMilli(r.Now),
+	}
+	if rec.State == store.Done {
+		rec.Fingerprint = Unstamp(r.FP, r.Fence)
+	}
+	return rec
 }
 
 // SQL is the SQL of one database engine. Each call of [Postgres], [MySQL]
