@@ -135,3 +135,31 @@ func TestNewRefusesInvalidOptions(t *testing.T) {
 		})
 	}
 }
+
+// A backend on one *pgx.Conn claims, completes and runs CompleteTx; while
+// a CompleteTx transaction holds that connection, Extend (a heartbeat's
+// renewal) fails at once rather than waiting on, or interleaving with, the
+// transaction's statements, and renews nothing.
+func TestOnOneConnExtendDuringCompleteTxFailsAtOnce(t *testing.T) {
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, testsvc.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	b, _ := newBackend(t, conn)
+	c := won(t, b, "one-conn")
+	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := b.Extend(ctx, c, time.Hour); err == nil || !strings.Contains(err.Error(), "cannot renew the lease now") {
+			return fmt.Errorf("Extend on the conn the transaction holds: %v; want a refusal", err)
+		}
+		return nil
+	})
+	if err != nil || !ok {
+		t.Fatalf("CompleteTx = %v, %v", ok, err)
+	}
+	rec, found, err := b.Inspect(ctx, "one-conn")
+	if err != nil || !found || rec.State != store.Done || !rec.LeaseExpiry.Equal(c.LeaseExpiry) {
+		t.Fatalf("the record: %+v, %v, %v; want Done with the lease it was claimed with (%v)", rec, found, err, c.LeaseExpiry)
+	}
+}
