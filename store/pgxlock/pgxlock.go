@@ -260,9 +260,6 @@ func (b *Backend) read(ctx context.Context, q DB, k []byte) (r row, found bool, 
 	return r, err == nil, err
 }
 
-// maxRounds bounds how often Claim looks again after losing a race.
-const maxRounds = 32
-
 var errRace = errors.New("pgxlock: the record changed between reading and writing it")
 
 // Claim implements store.Backend.
@@ -278,31 +275,12 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	}
 	token := store.NewToken()
 	args := []any{[]byte(key), millis(lease), millis(b.ttl), token}
-	var res store.Result
-	// lost is the error of the first attempt whose write may have landed
-	// unseen: from then on only finding the token in the record tells,
-	// and a retry that finds someone else's record answers an error.
-	var lost error
-	err := b.retry(ctx, func() error {
-		for range maxRounds {
-			var err error
-			res, err = b.claimOnce(ctx, args, token)
-			switch {
-			case errors.Is(err, errRace):
-				continue
-			case err != nil:
-				if lost == nil && mayHaveLanded(err) {
-					lost = err
-				}
-				return err
-			case lost != nil && res.Outcome != store.Won:
-				return fmt.Errorf("%w (a retry found the key %v, until %v): %w",
-					errUnknownOutcome, res.Outcome, res.Until.UTC().Format(time.RFC3339Nano), lost)
-			}
-			return nil
-		}
-		return fmt.Errorf("pgxlock: still contended after %d rounds", maxRounds)
-	})
+	// dialect.Claim keeps the error of the first attempt whose reply was
+	// lost: from then on a retry that finds someone else's record answers
+	// an error, never HeldByOther or AlreadyDone.
+	res, err := dialect.Claim(func(op func() error) error { return b.retry(ctx, op) }, func() (store.Result, error) {
+		return b.claimOnce(ctx, args, token)
+	}, errRace, mayHaveLanded)
 	if err != nil {
 		if missing := b.explain(err); missing != err {
 			return store.Result{}, fmt.Errorf("pgxlock: claim %q: %w", key, missing)
@@ -375,24 +353,13 @@ func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp str
 }
 
 func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
-	var done bool
-	// lost is the error of the first attempt that may have completed the
-	// record unseen: a later attempt that finds nothing to complete cannot
-	// tell "stale" from "completed, then moved on", and answers an error.
-	var lost error
-	err := b.retry(ctx, func() error {
+	// dialect.Complete keeps the error of the first attempt that may have
+	// completed the record unseen: a later attempt that finds nothing to
+	// complete then answers an error, never false.
+	done, err := dialect.Complete(func(op func() error) error { return b.retry(ctx, op) }, func() (bool, error) {
 		tag, err := b.db.Exec(ctx, b.q.Complete, []byte(c.Key), c.Fence, millis(b.ttl), c.Token, dialect.Stamp(c.Fence, fp))
-		done = err == nil && tag.RowsAffected() == 1
-		switch {
-		case err != nil:
-			if lost == nil && mayHaveLanded(err) {
-				lost = err
-			}
-		case !done && lost != nil:
-			err = fmt.Errorf("%w: %w", errCompleteUnknown, lost)
-		}
-		return err
-	})
+		return err == nil && tag.RowsAffected() == 1, err
+	}, mayHaveLanded)
 	if err != nil {
 		return false, fmt.Errorf("pgxlock: complete %q fence %d: %w", c.Key, c.Fence, b.explain(err))
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // transient reports whether a retry may clear err: a connection that broke
@@ -50,15 +52,6 @@ func mayHaveLanded(err error) bool {
 	return !errors.As(err, &pg) && !pgconn.SafeToRetry(err)
 }
 
-// errUnknownOutcome ends a Claim's retries: an earlier attempt's reply was
-// lost, and the record no longer says whether that attempt had won.
-var errUnknownOutcome = errors.New("pgxlock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
-
-// errCompleteUnknown ends a Complete's retries: an earlier attempt's reply
-// was lost, and the record no longer says whether that attempt completed
-// it.
-var errCompleteUnknown = errors.New("pgxlock: an earlier attempt's reply was lost and the record has moved on since: whether it completed cannot be told")
-
 // errNoResend ends an Extend's retries: the attempt may have renewed the
 // lease although its reply was lost, and a resend would renew it again.
 var errNoResend = errors.New("pgxlock: the extension may have been applied; not sent again")
@@ -73,5 +66,5 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 // retryable reports whether an attempt that failed with err may be sent
 // again.
 func retryable(err error) bool {
-	return transient(err) && !errors.Is(err, errUnknownOutcome) && !errors.Is(err, errNoResend) && !errors.Is(err, errCompleteUnknown)
+	return transient(err) && !errors.Is(err, dialect.ErrUnknownOutcome) && !errors.Is(err, errNoResend) && !errors.Is(err, dialect.ErrCompleteUnknown)
 }

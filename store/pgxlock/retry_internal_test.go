@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // sentNothing is an error pgx marks safe to retry: nothing was sent.
@@ -46,7 +48,7 @@ func TestErrorsAreClassifiedForRetriesAndLostReplies(t *testing.T) {
 			t.Errorf("%s: mayHaveLanded = %v, want %v", c.name, got, c.landed)
 		}
 	}
-	for _, stop := range []error{errUnknownOutcome, errNoResend, errCompleteUnknown} {
+	for _, stop := range []error{dialect.ErrUnknownOutcome, errNoResend, dialect.ErrCompleteUnknown} {
 		if retryable(fmt.Errorf("%w: %w", stop, io.EOF)) {
 			t.Errorf("%v is retried", stop)
 		}

@@ -441,9 +441,6 @@ func judge(r row, token string) (store.Result, bool) {
 	return store.Result{}, false
 }
 
-// maxRounds bounds how often Claim looks again after losing a race.
-const maxRounds = 32
-
 var errRace = errors.New("sqllock: the record changed between reading and writing it")
 
 // Claim implements store.Backend.
@@ -459,40 +456,18 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	}
 	token := store.NewToken()
 	k := []byte(key)
-	var res store.Result
-	// lost is the error of the first attempt whose write may have landed
-	// unseen (its reply was lost). From then on only finding the token in
-	// the record tells: a retry that finds someone else's record cannot
-	// say whether that attempt had won it (and lost it since), so it
-	// answers an error, never HeldByOther or AlreadyDone.
-	var lost error
-	err := b.retry(ctx, func() error {
-		for range maxRounds {
-			var err error
-			switch {
-			case b.q.Claim != "":
-				res, err = b.claimOne(ctx, k, lease, token)
-			case b.q.Upsert != "":
-				res, err = b.claimUpsert(ctx, k, lease, token)
-			default:
-				res, err = b.claimMySQL(ctx, k, lease, token)
-			}
-			switch {
-			case errors.Is(err, errRace):
-				continue
-			case err != nil:
-				if lost == nil && mayHaveLanded(err) {
-					lost = err
-				}
-				return err
-			case lost != nil && res.Outcome != store.Won:
-				return fmt.Errorf("%w (a retry found the key %v, until %v): %w",
-					errUnknownOutcome, res.Outcome, res.Until.UTC().Format(time.RFC3339Nano), lost)
-			}
-			return nil
+	// dialect.Claim keeps the error of the first attempt whose reply was
+	// lost: from then on a retry that finds someone else's record answers
+	// an error, never HeldByOther or AlreadyDone.
+	res, err := dialect.Claim(func(op func() error) error { return b.retry(ctx, op) }, func() (store.Result, error) {
+		switch {
+		case b.q.Claim != "":
+			return b.claimOne(ctx, k, lease, token)
+		case b.q.Upsert != "":
+			return b.claimUpsert(ctx, k, lease, token)
 		}
-		return fmt.Errorf("sqllock: still contended after %d rounds", maxRounds)
-	})
+		return b.claimMySQL(ctx, k, lease, token)
+	}, errRace, mayHaveLanded)
 	if err != nil {
 		if missing := b.explain(err); missing != err {
 			// The statement was refused: nothing was written.
@@ -650,14 +625,10 @@ func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp str
 func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	k := []byte(c.Key)
 	stamped := stamp(c.Fence, fp)
+	// dialect.Complete keeps the error of the first attempt that may have
+	// completed the record unseen: a later attempt that finds nothing to
+	// complete then answers an error, never false.
 	var done bool
-	// lost is the error of the first attempt that may have completed the
-	// record without its reply arriving. A later attempt that finds the
-	// record no longer Claimed or Done with this fence cannot tell "stale"
-	// from "completed, then the ttl ended and someone reclaimed it": it
-	// answers an error, never false (false would call work that completed
-	// fenced out).
-	var lost error
 	attempt := func() error {
 		if b.q.CompleteCounts {
 			// An exec: no rows to read (and, on a context that can be
@@ -688,18 +659,10 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 		done = count == 1
 		return err
 	}
-	err := b.retry(ctx, func() error {
+	done, err := dialect.Complete(func(op func() error) error { return b.retry(ctx, op) }, func() (bool, error) {
 		err := attempt()
-		switch {
-		case err != nil:
-			if lost == nil && mayHaveLanded(err) {
-				lost = err
-			}
-		case !done && lost != nil:
-			err = fmt.Errorf("%w: %w", errCompleteUnknown, lost)
-		}
-		return err
-	})
+		return done, err
+	}, mayHaveLanded)
 	if err != nil {
 		return false, fmt.Errorf("sqllock: complete %q fence %d: %w", c.Key, c.Fence, b.explain(err))
 	}
