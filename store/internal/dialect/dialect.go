@@ -1,13 +1,17 @@
-// Package dialect holds the SQL that packages sqllock and pgxlock send to
-// each engine, with the table's name still to fill in ([SQL.Render]), the
-// names it derives from the table's, and the format of the fingerprint
-// column ([Stamp], [Unstamp]). Both backends render PostgreSQL's table and
+// Package dialect holds what packages sqllock and pgxlock share about
+// their SQL table: the SQL they send to each engine, with the table's name
+// still to fill in ([SQL.Render]), the names it derives from the table's,
+// the format of the fingerprint column ([Stamp], [Unstamp]) and of a
+// record as Read returns it ([Row]), the key bounds and cursors of a
+// listing ([Listing]), the purge's batches ([Purge]), and the retried
+// attempts of a claim and a completion with their lost-reply rule
+// ([Claim], [Complete]). Both backends render PostgreSQL's table and
 // statements from this one source, so a table written by one is read and
-// claimed by the other with no migration. It is internal (to the store
-// tree, so that both modules can import it) so that sqllock's tests in
-// another module (store/sqllock/internal/enginetest, which brings the
-// drivers) can evaluate an engine's expression of now on its own, while
-// the backends' users see only their own options.
+// claimed by the other with no migration. It is internal to the store
+// tree (so that both modules can import it); sqllock's tests in another
+// module (store/sqllock/internal/enginetest, which brings the drivers)
+// also evaluate an engine's expression of now with it, while the
+// backends' users see only their own options.
 package dialect
 
 import (
