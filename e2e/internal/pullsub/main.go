@@ -234,6 +234,24 @@ func record(b store.Backend) store.Backend {
 
 type recorder struct{ store.Backend }
 
+// Claim writes "e2e: found-done" when the key was done already: a process
+// SIGKILLed between its Complete and the "completed" line leaves a done
+// key that no line reports, until its redelivery finds it done.
+func (r recorder) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	return foundDone(key)(r.Backend.Claim(ctx, key, lease))
+}
+
+// foundDone returns a function that passes a claim's answer on, writing
+// "e2e: found-done" when it says the key is done.
+func foundDone(key string) func(store.Result, error) (store.Result, error) {
+	return func(res store.Result, err error) (store.Result, error) {
+		if err == nil && res.Outcome == store.AlreadyDone {
+			event("found-done", "key", key)
+		}
+		return res, err
+	}
+}
+
 func (r recorder) Complete(ctx context.Context, c store.Claim) (bool, error) {
 	return completed(c)(r.Backend.Complete(ctx, c))
 }
@@ -261,6 +279,10 @@ func completed(c store.Claim) func(bool, error) (bool, error) {
 // txRecorder writes "e2e: completed" when a transaction that marked a key
 // done committed.
 type txRecorder struct{ *sqllock.Backend }
+
+func (r txRecorder) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	return foundDone(key)(r.Backend.Claim(ctx, key, lease))
+}
 
 func (r txRecorder) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, *sql.Tx) error) (bool, error) {
 	return completed(c)(r.Backend.CompleteTx(ctx, c, fp, body))
