@@ -8,7 +8,9 @@
 #     writes, at 1 and 16 workers: deliveries/s, redis-server's time per
 #     delivery (INFO commandstats) and CPU time per delivery;
 #   - PostgreSQL: Lock beside INSERT ... ON CONFLICT DO NOTHING + UPDATE,
-#     at 1 and 16 workers: deliveries/s, server and client CPU per delivery;
+#     at 1 and 16 workers: deliveries/s, server and client CPU per delivery,
+#     through database/sql (sqllock) and through pgx's own pool (pgxlock
+#     beside the same two writes on the pool);
 #   - the wrapper: a push through the functions framework over loopback TCP
 #     to Idempotent on redislock, beside a handler making two plain writes.
 #
@@ -53,8 +55,11 @@ echo
 echo "## Redis: Lock beside two plain writes (SET NX PX, SET XX PX)"
 $BENCHSTAT -filter '.name:ServerTime' -col '/impl@(baseline-2-round-trips lock)' "$tmp/redis.txt"
 echo
-echo "## PostgreSQL: Lock beside INSERT ... ON CONFLICT DO NOTHING + UPDATE"
-$BENCHSTAT -col /impl "$tmp/sql.txt"
+echo "## PostgreSQL through database/sql: Lock (sqllock) beside INSERT ... ON CONFLICT DO NOTHING + UPDATE"
+$BENCHSTAT -col '/impl@(baseline-2-writes lock)' "$tmp/sql.txt"
+echo
+echo "## PostgreSQL through pgx: Lock (pgxlock) beside the same two writes on the pgx pool"
+$BENCHSTAT -col '/impl@(pgx-baseline-2-writes pgx-lock)' "$tmp/sql.txt"
 echo
 echo "## The wrapper through the functions framework over TCP, on redislock, beside the handler's own two writes"
 $BENCHSTAT -filter '.name:Framework' -col /impl "$tmp/redis.txt"

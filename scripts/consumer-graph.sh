@@ -12,6 +12,8 @@
 #                  no bsm/redislock (its benchmarks only: internal/benchtest)
 #   sqllock        no go-redis, no Datastore/grpc/genproto, and no SQL driver
 #                  at all: the user picks one
+#   pgxlock        no go-redis, MySQL, SQLite or lib/pq (pgx only), no
+#                  Datastore/grpc/genproto
 #   datastorelock  no go-redis, pgx, MySQL or SQLite
 #   pushauth       no backend driver, no Datastore: Google's API client only
 #   pull           no backend driver, no Datastore: the Pub/Sub client only
@@ -40,7 +42,7 @@ check() { # name, forbidden-regexp, packages...
 	{
 		printf 'module example.com/consumer\n\ngo 1.26\n\nrequire %s v0.0.0-00010101000000-000000000000\n' "$M"
 		printf 'replace %s => %s\n' "$M" "$root"
-		for b in datastorelock firestorelock redislock spannerlock sqllock; do
+		for b in datastorelock firestorelock pgxlock redislock spannerlock sqllock; do
 			printf 'replace %s/store/%s => %s/store/%s\n' "$M" "$b" "$root" "$b"
 		done
 		printf 'replace %s/pushauth => %s/pushauth\n' "$M" "$root"
@@ -71,6 +73,7 @@ check() { # name, forbidden-regexp, packages...
 check root-only "$drivers|$google|$otelsdk" "$M" "$M/fake"
 check redislock "$google|github.com/jackc/pgx|github.com/go-sql-driver/mysql|modernc.org/sqlite|github.com/bsm/redislock" "$M" "$M/store/redislock"
 check sqllock "$google|$drivers" "$M" "$M/store/sqllock"
+check pgxlock "$google|github.com/redis/go-redis|github.com/go-sql-driver/mysql|modernc.org/sqlite|github.com/mattn/go-sqlite3|github.com/lib/pq" "$M" "$M/store/pgxlock"
 check datastorelock "$drivers" "$M" "$M/store/datastorelock"
 check pushauth "$drivers|cloud.google.com/go/datastore" "$M" "$M/pushauth"
 check pull "$drivers|cloud.google.com/go/datastore" "$M" "$M/pull"

@@ -232,6 +232,16 @@ func TestPostgres(t *testing.T) {
 	session(t, dsn+sep+"table=idemctl_"+suffix(), true, ensureSchema(t))
 }
 
+// backend=pgxlock reaches the same table through pgxlock.
+func TestPostgresThroughPgxlock(t *testing.T) {
+	dsn := testsvc.Postgres(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	session(t, dsn+sep+"backend=pgxlock&table=idemctl_"+suffix(), true, ensureSchema(t))
+}
+
 func TestMariaDB(t *testing.T) {
 	dsn := testsvc.MariaDB(t)
 	cfg, err := mysql.ParseDSN(dsn)

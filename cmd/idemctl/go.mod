@@ -7,6 +7,7 @@ replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ../..
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock => ../../store/datastorelock
 	github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock => ../../store/firestorelock
+	github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock => ../../store/pgxlock
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock => ../../store/redislock
 	github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock => ../../store/spannerlock
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock => ../../store/sqllock
@@ -17,6 +18,7 @@ require (
 	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0

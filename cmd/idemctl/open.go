@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 	_ "modernc.org/sqlite" // the "sqlite" database/sql driver
@@ -20,6 +21,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/redislock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/spannerlock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
@@ -65,7 +67,7 @@ type opener func(ctx context.Context, rawURL string, ttl time.Duration) (backend
 // storeHelp describes the --store URLs, for the usage text.
 const storeHelp = `Store URLs (--store, or $IDEMCTL_STORE):
   redis://[user:password@]host:port[/db][?prefix=idempotency:]   (rediss:// for TLS)
-  postgres://user:password@host:port/db[?sslmode=..][&table=idempotency_keys]
+  postgres://user:password@host:port/db[?sslmode=..][&table=idempotency_keys][&backend=pgxlock]
   mysql://user:password@host:port/db[?table=idempotency_keys]     (MySQL 8, MariaDB)
   sqlite:///path/to/file.db[?table=idempotency_keys]                (an existing database)
   datastore://PROJECT[?namespace=..][&kind=IdempotencyKey][&database=..]
@@ -74,8 +76,10 @@ const storeHelp = `Store URLs (--store, or $IDEMCTL_STORE):
 Each option is the one of the backend's constructor (redislock.WithPrefix,
 sqllock.WithTable, datastorelock.WithKind/WithNamespace/WithDatabase,
 firestorelock.WithCollection/WithDatabase, spannerlock.WithTable): give the
-values your service uses. Other query parameters of postgres:// and mysql://
-go to the driver. The emulators are used when DATASTORE_EMULATOR_HOST,
+values your service uses. postgres:// reaches the table through sqllock
+(database/sql) unless backend=pgxlock says through pgxlock (a pgx pool): the
+table and the records are the same. Other query parameters of postgres://
+and mysql:// go to the driver. The emulators are used when DATASTORE_EMULATOR_HOST,
 FIRESTORE_EMULATOR_HOST or SPANNER_EMULATOR_HOST is set; otherwise the
 Google Cloud backends use Application Default Credentials.`
 
@@ -196,23 +200,30 @@ func openStore(ctx context.Context, rawURL string, ttl time.Duration) (backend, 
 		if err != nil {
 			return backend{}, err
 		}
+		through, _, err := u.take("backend")
+		if err != nil {
+			return backend{}, err
+		}
+		if through != "" && through != "sqllock" && through != "pgxlock" {
+			return backend{}, fmt.Errorf("%w: postgres://: backend=%q: want sqllock (database/sql, the default) or pgxlock (a pgx pool)", errStoreURL, through)
+		}
 		u.RawQuery = u.q.Encode()
 		// Parsed here, not at the first query: a bad driver option is a
 		// usage error, as it is for mysql://.
+		if through == "pgxlock" {
+			cfg, err := pgxpool.ParseConfig(u.String())
+			if err != nil {
+				return backend{}, pgConfigError(err)
+			}
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				return backend{}, fmt.Errorf("%w: %w", errStoreURL, err)
+			}
+			return openPgx(pool, table, ttl)
+		}
 		cfg, err := pgx.ParseConfig(u.String())
 		if err != nil {
-			// What follows the quoted URL only: pgconn redacts the
-			// password there, but only as best it can.
-			msg := err.Error()
-			var pe *pgconn.ParseConfigError
-			if errors.As(err, &pe) {
-				if i := strings.LastIndex(msg, "`: "); i >= 0 {
-					msg = msg[i+3:]
-				} else {
-					msg = "a driver option is invalid"
-				}
-			}
-			return backend{}, fmt.Errorf("%w: postgres://: %s", errStoreURL, msg)
+			return backend{}, pgConfigError(err)
 		}
 		db := stdlib.OpenDB(*cfg)
 		return openSQL(db, sqllock.Postgres, table, ttl)
@@ -393,6 +404,39 @@ func openSQL(db *sql.DB, d sqllock.Dialect, table string, ttl time.Duration) (ba
 		return backend{}, fmt.Errorf("%w: %w", errStoreURL, err)
 	}
 	return operator(b, func() error { return errors.Join(b.Close(), db.Close()) }, where, "?table=")
+}
+
+// openPgx returns the pgxlock backend on pool, on table ("" for the
+// default, sqllock's).
+func openPgx(pool *pgxpool.Pool, table string, ttl time.Duration) (backend, error) {
+	opts := []pgxlock.Option{pgxlock.WithTTL(ttl)}
+	where := "table " + pgxlock.DefaultTable
+	if table != "" {
+		opts = append(opts, pgxlock.WithTable(table))
+		where = "table " + table
+	}
+	b, err := pgxlock.New(pool, opts...)
+	if err != nil {
+		pool.Close()
+		return backend{}, fmt.Errorf("%w: %w", errStoreURL, err)
+	}
+	return operator(b, func() error { pool.Close(); return nil }, where, "?table=")
+}
+
+// pgConfigError is a postgres:// URL's refusal by pgx's parser, without
+// the URL: only what follows the quoted URL (pgconn redacts the password
+// there, but only as best it can).
+func pgConfigError(err error) error {
+	msg := err.Error()
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			msg = msg[i+3:]
+		} else {
+			msg = "a driver option is invalid"
+		}
+	}
+	return fmt.Errorf("%w: postgres://: %s", errStoreURL, msg)
 }
 
 // operator returns b as a store.Operator, or closes it and fails when its

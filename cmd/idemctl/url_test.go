@@ -36,6 +36,8 @@ func TestStoreURLIsParsedStrictly(t *testing.T) {
 		"postgres://u@127.0.0.1:1/db?sslmode=bogus",
 		"postgres://u@127.0.0.1:1/db?connect_timeout=soon",
 		"postgres://u@127.0.0.1:1/db?table=",
+		"postgres://u@127.0.0.1:1/db?backend=pq",
+		"postgres://u@127.0.0.1:1/db?backend=pgxlock&sslmode=bogus",
 		"mysql://u@127.0.0.1:1/db?table=t;x",
 		"mysql://u@127.0.0.1:1/db?table=a&table=b",
 		"sqlite://" + dir + "/idem.db?table=nope;x",

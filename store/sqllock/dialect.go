@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // Dialect names the SQL of one database engine: [Postgres], [MySQL] or

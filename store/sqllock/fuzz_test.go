@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // plainIdent is the rule New must enforce, written out byte by byte rather

@@ -1,37 +1,15 @@
 package sqllock
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/base64"
 	"fmt"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.Operator = (*Backend)(nil)
-
-// record is the operator's view of r, the record of key.
-func record(key string, r row) store.Record {
-	rec := store.Record{
-		Key:         key,
-		State:       store.State(r.state),
-		Fence:       r.fence,
-		LeaseExpiry: time.UnixMilli(r.lease),
-		ExpiresAt:   time.UnixMilli(r.exp),
-		Version:     store.VersionOf(r.token),
-		Now:         time.UnixMilli(r.now),
-	}
-	if rec.State == store.Done {
-		rec.Fingerprint = unstamp(r.fp, r.fence)
-	}
-	return rec
-}
 
 // Inspect implements store.Inspector: one SELECT of the key's row by its
 // primary key, with the database's now read in the same statement, by the
@@ -54,7 +32,7 @@ func (b *Backend) Inspect(ctx context.Context, key string) (store.Record, bool, 
 	if !found {
 		return store.Record{}, false, nil
 	}
-	return record(key, r), true, nil
+	return r.Record(key), true, nil
 }
 
 // ForceRelease implements store.ForceReleaser. SQL cannot compute the
@@ -79,9 +57,9 @@ func (b *Backend) ForceRelease(ctx context.Context, r store.Record) (bool, error
 		}
 		var n int64
 		if b.q.Returning {
-			n, err = b.exec(ctx, b.q.Release, k, cur.fence, millis(b.ttl), cur.token)
+			n, err = b.exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
 		} else {
-			n, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.fence, cur.token)
+			n, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.Fence, cur.Token)
 		}
 		released = err == nil && n == 1
 		return err
@@ -107,7 +85,7 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 			deleted = false
 			return err
 		}
-		n, err := b.exec(ctx, b.q.Forget, k, cur.fence, cur.token)
+		n, err := b.exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
 		deleted = err == nil && n == 1
 		return err
 	})
@@ -125,7 +103,7 @@ func (b *Backend) current(ctx context.Context, k []byte, r store.Record, want st
 	if err != nil || !found {
 		return cur, false, err
 	}
-	ok := store.State(cur.state) == want && cur.fence == r.Fence && store.VersionOf(cur.token) == r.Version
+	ok := store.State(cur.State) == want && cur.Fence == r.Fence && store.VersionOf(cur.Token) == r.Version
 	return cur, ok, nil
 }
 
@@ -150,21 +128,10 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 	if limit == 0 {
 		limit = store.DefaultListLimit
 	}
-	// Every valid key is at least "\x01": a key is not empty and holds no
-	// NUL byte.
-	lower := []byte("\x01")
-	if q.Prefix != "" {
-		lower = []byte(q.Prefix)
+	lower, upper, err := b.listing().Bounds(q)
+	if err != nil {
+		return store.Page{}, err
 	}
-	if q.Cursor != "" {
-		last, err := b.readCursor(q)
-		if err != nil {
-			return store.Page{}, err
-		}
-		// No byte string lies between last and last+"\x00".
-		lower = append(last, 0)
-	}
-	upper := successor([]byte(q.Prefix))
 	state := int64(q.State)
 	var text string
 	var args []any
@@ -182,7 +149,7 @@ func (b *Backend) List(ctx context.Context, q store.ListQuery) (store.Page, erro
 		text, args = b.q.ListBelow, []any{lower, upper, limit, state, state}
 	}
 	var page store.Page
-	err := b.retry(ctx, func() error {
+	err = b.retry(ctx, func() error {
 		var err error
 		page, err = b.list(ctx, q, text, args, limit)
 		return err
@@ -210,7 +177,8 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 	for rows.Next() {
 		var key []byte
 		var state, fence, lease, exp sql.NullInt64
-		var token, fp sql.NullString
+		var token sql.NullString
+		var fp *string
 		var now int64
 		if err := rows.Scan(&last, &read, &key, &state, &fence, &lease, &exp, &token, &fp, &now); err != nil {
 			return store.Page{}, err
@@ -218,67 +186,22 @@ func (b *Backend) list(ctx context.Context, q store.ListQuery, text string, args
 		if key == nil {
 			continue // the window holds no record in the state
 		}
-		page.Records = append(page.Records, record(string(key), row{
-			state: state.Int64, fence: fence.Int64, lease: lease.Int64, exp: exp.Int64,
-			token: token.String, fp: fp, now: now,
-		}))
+		page.Records = append(page.Records, row{
+			State: state.Int64, Fence: fence.Int64, Lease: lease.Int64, Exp: exp.Int64,
+			Token: token.String, FP: fp, Now: now,
+		}.Record(string(key)))
 	}
 	if err := rows.Err(); err != nil {
 		return store.Page{}, err
 	}
 	if read >= int64(limit) && last != nil {
-		page.Next = b.cursor(q, last)
+		page.Next = b.listing().Cursor(q, last)
 	}
 	return page, nil
 }
 
-// successor returns the least byte string above every string that starts
-// with prefix, or nil when there is none (an empty prefix, or one of 0xFF
-// bytes only).
-func successor(prefix []byte) []byte {
-	// Not bytes.TrimRight: its cutset is read as UTF-8, and "\xff" would
-	// trim any invalid byte.
-	end := len(prefix)
-	for end > 0 && prefix[end-1] == 0xff {
-		end--
-	}
-	if end == 0 {
-		return nil
-	}
-	up := bytes.Clone(prefix[:end])
-	up[end-1]++
-	return up
-}
-
-// cursorVersion is the first byte of a cursor: its format.
-const cursorVersion = 1
-
-// querySum is the digest that binds a cursor to the table, the prefix and
-// the state it was issued for.
-func (b *Backend) querySum(q store.ListQuery) []byte {
-	sum := sha256.Sum256([]byte(b.d.String() + "\x00" + b.table + "\x00" + strconv.Itoa(int(q.State)) + "\x00" + q.Prefix))
-	return sum[:8]
-}
-
-// cursor encodes the last key a List call read: base64 (URL alphabet, no
-// padding) of the format byte, the query's digest and the key.
-func (b *Backend) cursor(q store.ListQuery, last []byte) string {
-	c := append([]byte{cursorVersion}, b.querySum(q)...)
-	return base64.RawURLEncoding.EncodeToString(append(c, last...))
-}
-
-// readCursor returns the last key that q.Cursor holds, or an error
-// wrapping store.ErrInvalidQuery when this backend did not issue it for
-// q's prefix and state.
-func (b *Backend) readCursor(q store.ListQuery) ([]byte, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(q.Cursor)
-	sum := b.querySum(q)
-	if err != nil || len(raw) < 1+len(sum)+1 || raw[0] != cursorVersion || !bytes.Equal(raw[1:1+len(sum)], sum) {
-		return nil, fmt.Errorf("%w: the cursor was not issued by this backend for prefix %q and state %v", store.ErrInvalidQuery, q.Prefix, q.State)
-	}
-	last := raw[1+len(sum):]
-	if store.ValidateKey(string(last)) != nil || !strings.HasPrefix(string(last), q.Prefix) {
-		return nil, fmt.Errorf("%w: the cursor holds a key outside prefix %q", store.ErrInvalidQuery, q.Prefix)
-	}
-	return last, nil
+// listing is the backend's listing of its table (its cursors name the
+// dialect and the table).
+func (b *Backend) listing() dialect.Listing {
+	return dialect.Listing{Engine: b.d.String(), Table: b.table}
 }

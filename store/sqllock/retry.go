@@ -9,6 +9,8 @@ import (
 	"net"
 	"regexp"
 	"strings"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // transient reports whether a retry may clear err.
@@ -46,14 +48,12 @@ func transient(err error) bool {
 	return false
 }
 
-// errUnknownOutcome ends a Claim's retries: an earlier attempt's reply was
-// lost, and the record no longer says whether that attempt had won.
-var errUnknownOutcome = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it won cannot be told")
-
-// errCompleteUnknown ends a Complete's retries: an earlier attempt's reply
-// was lost, and the record no longer says whether that attempt completed
-// it (it may have, and the record moved on after its ttl).
-var errCompleteUnknown = errors.New("sqllock: an earlier attempt's reply was lost and the record has moved on since: whether it completed cannot be told")
+// errUnknownOutcome and errCompleteUnknown end a Claim's and a
+// Complete's retries when a lost reply leaves the outcome unknown.
+var (
+	errUnknownOutcome  = dialect.ErrUnknownOutcome
+	errCompleteUnknown = dialect.ErrCompleteUnknown
+)
 
 // errNoResend ends an Extend's retries: the attempt may have renewed the
 // lease although its reply was lost, and a resend would renew it again.

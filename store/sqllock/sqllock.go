@@ -54,8 +54,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,7 +61,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/retry"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // DefaultTable is the table the backend uses unless WithTable says
@@ -133,8 +131,6 @@ var (
 	_ store.Fingerprinter = (*Backend)(nil)
 )
 
-var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
-
 // New returns a Backend over db in dialect d. It does no I/O: call
 // EnsureSchema, or create the table yourself from Schema. It fails if db is
 // nil, d is not one of [Postgres], [MySQL] or [SQLite], or an option's
@@ -154,14 +150,9 @@ func New(db *sql.DB, d Dialect, opts ...Option) (*Backend, error) {
 	if sq == nil {
 		return nil, fmt.Errorf("sqllock: %v is not a dialect (use sqllock.Postgres, sqllock.MySQL or sqllock.SQLite)", d)
 	}
-	parts := strings.Split(b.table, ".")
-	if len(parts) > 2 {
-		return nil, fmt.Errorf("sqllock: table name %q: at most schema.table", b.table)
-	}
-	for _, p := range parts {
-		if !identifier.MatchString(p) {
-			return nil, fmt.Errorf("sqllock: table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]{0,62})", b.table, p)
-		}
+	parts, err := dialect.CheckTable(b.table)
+	if err != nil {
+		return nil, fmt.Errorf("sqllock: %w", err)
 	}
 	if err := store.ValidateTTL(b.ttl); err != nil {
 		return nil, fmt.Errorf("sqllock: %w", err)
@@ -413,41 +404,23 @@ func (b *Backend) Close() error {
 	return errors.Join(errs...)
 }
 
-type row struct {
-	state, fence, lease, exp, now int64
-	token                         string
-	fp                            sql.NullString
-}
+// row is a record as Read returns it.
+type row = dialect.Row
 
-// stamp is what the fingerprint column holds for fp completed at fence:
-// NULL for none, else "<fence>:<fp>".
-func stamp(fence int64, fp string) any {
-	if fp == "" {
-		return nil
-	}
-	return strconv.FormatInt(fence, 10) + ":" + fp
-}
+// stamp is what the fingerprint column holds for fp completed at fence
+// (dialect.Stamp).
+func stamp(fence int64, fp string) any { return dialect.Stamp(fence, fp) }
 
-// unstamp returns the fingerprint that v, read from a Done record at
-// fence, holds: "" for NULL, or for a stamp of another fence. A stamp of
-// another fence is left by a Complete of an earlier life of the record,
-// overwritten by this package's next Complete but not by an earlier
-// version's (which knows no fingerprints), so a table shared by instances
-// of both during an upgrade never reports a fingerprint for a completion
-// that stored none.
-func unstamp(v sql.NullString, fence int64) string {
-	if !v.Valid {
-		return ""
-	}
-	f, fp, ok := strings.Cut(v.String, ":")
-	if !ok || f != strconv.FormatInt(fence, 10) {
-		return ""
-	}
-	return fp
-}
+// unstamp returns the fingerprint that v (nil for NULL), read from a
+// Done record at fence, holds (dialect.Unstamp). A stamp of another fence is left by a
+// Complete of an earlier life of the record, overwritten by this
+// package's next Complete but not by an earlier version's (which knows no
+// fingerprints), so a table shared by instances of both during an upgrade
+// never reports a fingerprint for a completion that stored none.
+func unstamp(v *string, fence int64) string { return dialect.Unstamp(v, fence) }
 
 func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err error) {
-	err = b.queryRow(ctx, b.q.Read, []any{key}, &r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now)
+	err = b.queryRow(ctx, b.q.Read, []any{key}, r.Dest()...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}
@@ -458,18 +431,15 @@ func (b *Backend) read(ctx context.Context, key []byte) (r row, found bool, err 
 // the record is reclaimable (or ours) and needs a write.
 func judge(r row, token string) (store.Result, bool) {
 	switch {
-	case r.state == 1 && r.token == token:
+	case r.State == 1 && r.Token == token:
 		return store.Result{}, false
-	case r.state == 2 && r.now < r.exp:
-		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.exp), Fingerprint: unstamp(r.fp, r.fence)}, true
-	case r.state == 1 && r.now < r.lease:
-		return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(r.lease)}, true
+	case r.State == 2 && r.Now < r.Exp:
+		return store.Result{Outcome: store.AlreadyDone, Until: time.UnixMilli(r.Exp), Fingerprint: unstamp(r.FP, r.Fence)}, true
+	case r.State == 1 && r.Now < r.Lease:
+		return store.Result{Outcome: store.HeldByOther, Until: time.UnixMilli(r.Lease)}, true
 	}
 	return store.Result{}, false
 }
-
-// maxRounds bounds how often Claim looks again after losing a race.
-const maxRounds = 32
 
 var errRace = errors.New("sqllock: the record changed between reading and writing it")
 
@@ -486,40 +456,18 @@ func (b *Backend) Claim(ctx context.Context, key string, lease time.Duration) (s
 	}
 	token := store.NewToken()
 	k := []byte(key)
-	var res store.Result
-	// lost is the error of the first attempt whose write may have landed
-	// unseen (its reply was lost). From then on only finding the token in
-	// the record tells: a retry that finds someone else's record cannot
-	// say whether that attempt had won it (and lost it since), so it
-	// answers an error, never HeldByOther or AlreadyDone.
-	var lost error
-	err := b.retry(ctx, func() error {
-		for range maxRounds {
-			var err error
-			switch {
-			case b.q.Claim != "":
-				res, err = b.claimOne(ctx, k, lease, token)
-			case b.q.Upsert != "":
-				res, err = b.claimUpsert(ctx, k, lease, token)
-			default:
-				res, err = b.claimMySQL(ctx, k, lease, token)
-			}
-			switch {
-			case errors.Is(err, errRace):
-				continue
-			case err != nil:
-				if lost == nil && mayHaveLanded(err) {
-					lost = err
-				}
-				return err
-			case lost != nil && res.Outcome != store.Won:
-				return fmt.Errorf("%w (a retry found the key %v, until %v): %w",
-					errUnknownOutcome, res.Outcome, res.Until.UTC().Format(time.RFC3339Nano), lost)
-			}
-			return nil
+	// dialect.Claim keeps the error of the first attempt whose reply was
+	// lost: from then on a retry that finds someone else's record answers
+	// an error, never HeldByOther or AlreadyDone.
+	res, err := dialect.Claim(func(op func() error) error { return b.retry(ctx, op) }, func() (store.Result, error) {
+		switch {
+		case b.q.Claim != "":
+			return b.claimOne(ctx, k, lease, token)
+		case b.q.Upsert != "":
+			return b.claimUpsert(ctx, k, lease, token)
 		}
-		return fmt.Errorf("sqllock: still contended after %d rounds", maxRounds)
-	})
+		return b.claimMySQL(ctx, k, lease, token)
+	}, errRace, mayHaveLanded)
 	if err != nil {
 		if missing := b.explain(err); missing != err {
 			// The statement was refused: nothing was written.
@@ -550,7 +498,7 @@ func (b *Backend) claimOne(ctx context.Context, k []byte, lease time.Duration, t
 		return store.Result{}, err
 	}
 	var outcome, fence, now int64
-	var fp sql.NullString
+	var fp *string
 	err = b.queryRow(ctx, b.q.Claim, args, &outcome, &fence, &until, &now, &fp)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A concurrent insert committed after this statement's snapshot:
@@ -598,8 +546,8 @@ func (b *Backend) claimUpsert(ctx context.Context, k []byte, lease time.Duration
 	if res, ok := judge(r, token); ok {
 		return res, nil
 	}
-	if r.state == 1 && r.token == token {
-		return won(r.fence, r.lease, token), nil
+	if r.State == 1 && r.Token == token {
+		return won(r.Fence, r.Lease, token), nil
 	}
 	return store.Result{}, errRace
 }
@@ -633,8 +581,8 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 	if err != nil {
 		return store.Result{}, err
 	}
-	if found && r.state == 1 && r.token == token {
-		return won(r.fence, r.lease, token), nil
+	if found && r.State == 1 && r.Token == token {
+		return won(r.Fence, r.Lease, token), nil
 	}
 	if !found {
 		return store.Result{}, errRace
@@ -642,13 +590,13 @@ func (b *Backend) claimMySQL(ctx context.Context, k []byte, lease time.Duration,
 	if res, ok := judge(r, token); ok {
 		return res, nil
 	}
-	newLease := r.now + lms
-	n, err := b.exec(ctx, b.q.Reclaim, newLease, newLease+tms, token, k, r.fence, r.state)
+	newLease := r.Now + lms
+	n, err := b.exec(ctx, b.q.Reclaim, newLease, newLease+tms, token, k, r.Fence, r.State)
 	if err != nil {
 		return store.Result{}, err
 	}
 	if n == 1 {
-		return won(r.fence+1, newLease, token), nil
+		return won(r.Fence+1, newLease, token), nil
 	}
 	return store.Result{}, errRace
 }
@@ -677,14 +625,10 @@ func (b *Backend) CompleteFingerprint(ctx context.Context, c store.Claim, fp str
 func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool, error) {
 	k := []byte(c.Key)
 	stamped := stamp(c.Fence, fp)
+	// dialect.Complete keeps the error of the first attempt that may have
+	// completed the record unseen: a later attempt that finds nothing to
+	// complete then answers an error, never false.
 	var done bool
-	// lost is the error of the first attempt that may have completed the
-	// record without its reply arriving. A later attempt that finds the
-	// record no longer Claimed or Done with this fence cannot tell "stale"
-	// from "completed, then the ttl ended and someone reclaimed it": it
-	// answers an error, never false (false would call work that completed
-	// fenced out).
-	var lost error
 	attempt := func() error {
 		if b.q.CompleteCounts {
 			// An exec: no rows to read (and, on a context that can be
@@ -715,18 +659,10 @@ func (b *Backend) complete(ctx context.Context, c store.Claim, fp string) (bool,
 		done = count == 1
 		return err
 	}
-	err := b.retry(ctx, func() error {
+	done, err := dialect.Complete(func(op func() error) error { return b.retry(ctx, op) }, func() (bool, error) {
 		err := attempt()
-		switch {
-		case err != nil:
-			if lost == nil && mayHaveLanded(err) {
-				lost = err
-			}
-		case !done && lost != nil:
-			err = fmt.Errorf("%w: %w", errCompleteUnknown, lost)
-		}
-		return err
-	})
+		return done, err
+	}, mayHaveLanded)
 	if err != nil {
 		return false, fmt.Errorf("sqllock: complete %q fence %d: %w", c.Key, c.Fence, b.explain(err))
 	}
@@ -843,31 +779,23 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 }
 
 // PurgeBatch is how many rows one PurgeExpired statement deletes at most.
-const PurgeBatch = 1000
+const PurgeBatch = dialect.PurgeBatch
 
 // PurgeExpired implements store.Purger: it deletes rows whose
 // expires_at_ms has passed by the database's clock, PurgeBatch rows per
 // statement, until none are left or limit rows are gone.
 func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
-	total := 0
-	for limit <= 0 || total < limit {
-		n := PurgeBatch
-		if limit > 0 && limit-total < n {
-			n = limit - total
-		}
+	total, err := dialect.Purge(limit, func(n int) (int64, error) {
 		var deleted int64
 		err := b.retry(ctx, func() error {
 			var err error
 			deleted, err = b.exec(ctx, b.q.Purge, n)
 			return err
 		})
-		if err != nil {
-			return total, fmt.Errorf("sqllock: purge: %w", err)
-		}
-		total += int(deleted)
-		if deleted < int64(n) {
-			break
-		}
+		return deleted, err
+	})
+	if err != nil {
+		return total, fmt.Errorf("sqllock: purge: %w", err)
 	}
 	return total, nil
 }

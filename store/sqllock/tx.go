@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 var _ store.TxBackend[*sql.Tx] = (*Backend)(nil)
@@ -442,10 +442,10 @@ func (b *Backend) txGone(ctx context.Context, tx *sql.Tx, plain *sql.Stmt, c sto
 // be sure.
 func (b *Backend) committedByBody(ctx context.Context, conn *sql.Conn, c store.Claim, k []byte) (done, unsure bool, err error) {
 	var r row
-	if err := conn.QueryRowContext(ctx, b.q.Read, k).Scan(&r.state, &r.fence, &r.lease, &r.exp, &r.token, &r.fp, &r.now); err != nil {
+	if err := conn.QueryRowContext(ctx, b.q.Read, k).Scan(r.Dest()...); err != nil {
 		return false, false, fmt.Errorf("the commit found no transaction, and reading the record failed: %w", err)
 	}
-	if r.state != 2 || r.fence != c.Fence || r.token != c.Token {
+	if r.State != 2 || r.Fence != c.Fence || r.Token != c.Token {
 		return false, false, errTxRolledBack
 	}
 	b.warnImplicitCommit(ctx, c)
@@ -833,9 +833,9 @@ func (b *Backend) settle(ctx context.Context, c store.Claim, k []byte, cause err
 		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit's outcome is unknown (%w), and settling it failed: %w: %w", c.Key, c.Fence, cause, store.ErrCommitUnknown, err)
 	}
 	switch {
-	case found && r.state == 2 && r.fence == c.Fence && r.token == c.Token:
+	case found && r.State == 2 && r.Fence == c.Fence && r.Token == c.Token:
 		return true, nil
-	case found && r.token == c.Token:
+	case found && r.Token == c.Token:
 		return false, fmt.Errorf("sqllock: complete-tx %q fence %d: the commit failed (%w); it did not land, and the claim is released", c.Key, c.Fence, cause)
 	}
 	// Another claim holds the record, or it is gone: the commit may have

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // raceClaims sends n Claims on key at once and returns their results and

@@ -18,8 +18,8 @@ import (
 	"modernc.org/sqlite"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
 )
 
 // engine opens databases of one kind for the tests.

@@ -5,11 +5,13 @@ go 1.26.0
 // Development builds use this checkout (consumers ignore replace directives).
 replace (
 	github.com/gcp-pubsub-idempotency/idempotency => ../../../..
+	github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock => ../../../pgxlock
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock => ../..
 )
 
 require (
 	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock/internal/dialect"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/internal/dialect"
 )
 
 // The port: a Claimed record is held while now < lease expiry, and a lease

@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/gcp-pubsub-idempotency/idempotency"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 )
 
 // serverCPU returns the CPU time, in ns, that every postgres process
@@ -79,7 +83,10 @@ func serverCPU() (int64, bool) {
 // BenchmarkServerCPU runs PostgreSQL deliveries through Lock (impl=lock)
 // beside two plain writes (impl=baseline-2-writes: INSERT ... ON CONFLICT
 // DO NOTHING, then an UPDATE of that row marking it done, both prepared),
-// at 1 and 16 workers, and reports the CPU time each delivery costs, which
+// both through database/sql, and the same two through pgx's own pool:
+// Lock on pgxlock (impl=pgx-lock) and the two writes on the pool
+// (impl=pgx-baseline-2-writes, pgx's statement cache preparing them), at
+// 1 and 16 workers, and reports the CPU time each delivery costs, which
 // moves far less with the machine's load than deliveries/s:
 // server-cpu-us/delivery, every postgres process's CPU time (when testsvc
 // started the server: POSTGRES_DSN unset), and cpu-ns/op, this process's
@@ -89,35 +96,48 @@ func BenchmarkServerCPU(b *testing.B) {
 	e := postgres
 	dsn := e.dsn(b)
 	for _, workers := range []int{1, 16} {
-		for _, kind := range []string{"baseline-2-writes", "lock"} {
+		for _, kind := range []string{"baseline-2-writes", "lock", "pgx-baseline-2-writes", "pgx-lock"} {
 			b.Run(fmt.Sprintf("impl=%s/workers=%d", kind, workers), func(b *testing.B) {
 				db := e.open(b, dsn, nil)
 				ctx := context.Background()
 				be := e.backend(b, db)
 				prefix := fmt.Sprint(time.Now().UnixNano(), ":")
 				var run func(key string) error
-				if kind == "lock" {
+				switch kind {
+				case "lock":
 					run = func(key string) error { return idempotency.Lock(ctx, be, prefix+key, noop) }
-				} else {
-					plain := e.backend(b, db)
-					ins, err := db.PrepareContext(ctx, "INSERT INTO "+tableOf(plain)+" (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token) VALUES ($1, 1, 1, $2, $3, $4) ON CONFLICT DO NOTHING")
+				case "pgx-lock":
+					pb, err := pgxlock.New(openPgxPool(b, dsn), pgxlock.WithTable(tableOf(be)))
 					if err != nil {
 						b.Fatal(err)
 					}
-					upd, err := db.PrepareContext(ctx, "UPDATE "+tableOf(plain)+" SET state = 2, expires_at_ms = $1 WHERE idem_key = $2")
+					run = func(key string) error { return idempotency.Lock(ctx, pb, prefix+key, noop) }
+				case "pgx-baseline-2-writes":
+					pool := openPgxPool(b, dsn)
+					table := tableOf(e.backend(b, db))
+					run = func(key string) error {
+						return twoWrites(key, prefix, func(q string, args ...any) error {
+							_, err := pool.Exec(ctx, q, args...)
+							return err
+						}, "INSERT INTO "+table+baselineInsert, "UPDATE "+table+baselineUpdate)
+					}
+				default:
+					plain := e.backend(b, db)
+					ins, err := db.PrepareContext(ctx, "INSERT INTO "+tableOf(plain)+baselineInsert)
+					if err != nil {
+						b.Fatal(err)
+					}
+					upd, err := db.PrepareContext(ctx, "UPDATE "+tableOf(plain)+baselineUpdate)
 					if err != nil {
 						b.Fatal(err)
 					}
 					b.Cleanup(func() { ins.Close(); upd.Close() })
+					stmts := map[string]*sql.Stmt{"ins": ins, "upd": upd}
 					run = func(key string) error {
-						k := []byte(prefix + key)
-						now := time.Now().UnixMilli()
-						lease := now + store.DefaultLease.Milliseconds()
-						if _, err := ins.ExecContext(ctx, k, lease, lease+store.DefaultTTL.Milliseconds(), store.NewToken()); err != nil {
+						return twoWrites(key, prefix, func(q string, args ...any) error {
+							_, err := stmts[q].ExecContext(ctx, args...)
 							return err
-						}
-						_, err := upd.ExecContext(ctx, now+store.DefaultTTL.Milliseconds(), k)
-						return err
+						}, "ins", "upd")
 					}
 				}
 				// Open the workers' connections, and get past each one's
@@ -137,4 +157,35 @@ func BenchmarkServerCPU(b *testing.B) {
 			})
 		}
 	}
+}
+
+// The baseline's two writes, after "INSERT INTO <table>" and "UPDATE
+// <table>".
+const (
+	baselineInsert = " (idem_key, state, fence, lease_expiry_ms, expires_at_ms, token) VALUES ($1, 1, 1, $2, $3, $4) ON CONFLICT DO NOTHING"
+	baselineUpdate = " SET state = 2, expires_at_ms = $1 WHERE idem_key = $2"
+)
+
+// twoWrites is the baseline's delivery of key: exec runs ins (an insert
+// of a claimed row that does nothing when the key is taken), then upd
+// (marking the row done).
+func twoWrites(key, prefix string, exec func(q string, args ...any) error, ins, upd string) error {
+	k := []byte(prefix + key)
+	now := time.Now().UnixMilli()
+	lease := now + store.DefaultLease.Milliseconds()
+	if err := exec(ins, k, lease, lease+store.DefaultTTL.Milliseconds(), store.NewToken()); err != nil {
+		return err
+	}
+	return exec(upd, now+store.DefaultTTL.Milliseconds(), k)
+}
+
+// openPgxPool opens a pgx pool on dsn, closed when b ends.
+func openPgxPool(b testing.TB, dsn string) *pgxpool.Pool {
+	b.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
 }

@@ -1,17 +1,108 @@
-// Package dialect holds the SQL that package sqllock sends to each engine,
-// with the table's name still to fill in ([SQL.Render]), and the names it
-// derives from the table's. It is internal so that sqllock's tests in
-// another module (store/sqllock/internal/enginetest, which brings the
-// drivers) can evaluate an engine's expression of now on its own, while
-// sqllock's users see only its Dialect constants.
+// Package dialect holds what packages sqllock and pgxlock share about
+// their SQL table: the SQL they send to each engine, with the table's name
+// still to fill in ([SQL.Render]), the names it derives from the table's,
+// the format of the fingerprint column ([Stamp], [Unstamp]) and of a
+// record as Read returns it ([Row]), the key bounds and cursors of a
+// listing ([Listing]), the purge's batches ([Purge]), and the retried
+// attempts of a claim and a completion with their lost-reply rule
+// ([Claim], [Complete]). Both backends render PostgreSQL's table and
+// statements from this one source, so a table written by one is read and
+// claimed by the other with no migration. It is internal to the store
+// tree (so that both modules can import it); sqllock's tests in another
+// module (store/sqllock/internal/enginetest, which brings the drivers)
+// also evaluate an engine's expression of now with it, while the
+// backends' users see only their own options.
 package dialect
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// CheckTable splits a table name into its parts (table, or schema and
+// table), and fails unless each is a plain identifier of letters, digits
+// and underscores, not starting with a digit, at most 63 characters long.
+// Its errors start with "table name", for the caller to prefix.
+func CheckTable(table string) ([]string, error) {
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("table name %q: at most schema.table", table)
+	}
+	for _, p := range parts {
+		if !identifier.MatchString(p) {
+			return nil, fmt.Errorf("table name %q: %q is not a plain identifier ([A-Za-z_][A-Za-z0-9_]{0,62})", table, p)
+		}
+	}
+	return parts, nil
+}
+
+// Stamp is what the fingerprint column holds for fp completed at fence:
+// nil (NULL) for none, else the string "<fence>:<fp>".
+func Stamp(fence int64, fp string) any {
+	if fp == "" {
+		return nil
+	}
+	return strconv.FormatInt(fence, 10) + ":" + fp
+}
+
+// Unstamp returns the fingerprint that the column's value v (nil for
+// NULL), read from a Done record at fence, holds: "" for NULL, or for a
+// stamp of another fence (left by a completion of an earlier life of the
+// record), so that a record never reports a fingerprint for a completion
+// that stored none.
+func Unstamp(v *string, fence int64) string {
+	if v == nil {
+		return ""
+	}
+	f, fp, ok := strings.Cut(*v, ":")
+	if !ok || f != strconv.FormatInt(fence, 10) {
+		return ""
+	}
+	return fp
+}
+
+// Row is one record as the Read statement returns it (and the Claim,
+// List and settle paths read it).
+type Row struct {
+	State, Fence, Lease, Exp, Now int64
+	Token                         string
+	// FP is the fingerprint column: nil for NULL, else a stamp.
+	FP *string
+}
+
+// Dest returns where Read's columns scan to, in their order: state,
+// fence, lease expiry, expires-at, token, fingerprint, now.
+func (r *Row) Dest() []any {
+	return []any{&r.State, &r.Fence, &r.Lease, &r.Exp, &r.Token, &r.FP, &r.Now}
+}
+
+// Record is r as key's store.Record: its instants from Unix milliseconds,
+// its token as a Version, and (Done only) the fingerprint stamped with
+// its fence.
+func (r Row) Record(key string) store.Record {
+	rec := store.Record{
+		Key:         key,
+		State:       store.State(r.State),
+		Fence:       r.Fence,
+		LeaseExpiry: time.UnixMilli(r.Lease),
+		ExpiresAt:   time.UnixMilli(r.Exp),
+		Version:     store.VersionOf(r.Token),
+		Now:         time.UnixMilli(r.Now),
+	}
+	if rec.State == store.Done {
+		rec.Fingerprint = Unstamp(r.FP, r.Fence)
+	}
+	return rec
+}
 
 // SQL is the SQL of one database engine. Each call of [Postgres], [MySQL]
 // or [SQLite] returns a new one, so nothing a caller does to it reaches

@@ -1,7 +1,6 @@
-package sqllock
+package dialect
 
 import (
-	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -14,19 +13,14 @@ import (
 // wrapping store.ErrInvalidQuery: never a panic, never a key outside the
 // prefix.
 func FuzzReadCursor(f *testing.F) {
-	db := sql.OpenDB(noConn{})
-	defer db.Close()
-	b, err := New(db, Postgres)
-	if err != nil {
-		f.Fatal(err)
-	}
+	b := Listing{Engine: "postgres", Table: "idempotency_keys"}
 	q := store.ListQuery{Prefix: "orders:", State: store.Done}
-	f.Add(q.Prefix, int(q.State), b.cursor(q, []byte("orders:1")))
-	f.Add("", 0, b.cursor(store.ListQuery{}, []byte("\xff")))
+	f.Add(q.Prefix, int(q.State), b.Cursor(q, []byte("orders:1")))
+	f.Add("", 0, b.Cursor(store.ListQuery{}, []byte("\xff")))
 	f.Add("a", 1, "AQ")
 	f.Fuzz(func(t *testing.T, prefix string, state int, cursor string) {
 		q := store.ListQuery{Prefix: prefix, State: store.State(state), Cursor: cursor}
-		last, err := b.readCursor(q)
+		last, err := b.ReadCursor(q)
 		switch {
 		case err != nil && !errors.Is(err, store.ErrInvalidQuery):
 			t.Fatalf("cursor %q: %v, want ErrInvalidQuery", cursor, err)
