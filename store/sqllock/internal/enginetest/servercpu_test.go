@@ -191,10 +191,18 @@ func twoWrites(key, prefix string, exec func(q string, args ...any) error, ins, 
 	return exec(upd, now+store.DefaultTTL.Milliseconds(), k)
 }
 
-// openPgxPool opens a pgx pool on dsn, closed when b ends.
+// openPgxPool opens a pgx pool on dsn, closed when b ends, of as many
+// connections as the database/sql pools of engine.open (64), so that at 16
+// workers neither side waits for a connection (pgxpool's default is 4 on
+// two cores).
 func openPgxPool(b testing.TB, dsn string) *pgxpool.Pool {
 	b.Helper()
-	pool, err := pgxpool.New(context.Background(), dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 64
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
