@@ -75,7 +75,8 @@ fuzz:
 # scripts/benchstat.sh prints benchstat's comparisons (with confidence
 # intervals) of Redis, PostgreSQL and the wrapper through the functions
 # framework, from rounds that alternate (`make bench-stat` alone; ROUNDS
-# and STATTIME override its 6 rounds of -benchtime 2000x).
+# and STATTIME override its 6 rounds of -benchtime 2000x; ONLY=postgres or
+# ONLY=redis runs one store's).
 BENCHTIME ?= 500ms
 BENCHCOUNT ?= 3
 ROUNDS ?= 6
