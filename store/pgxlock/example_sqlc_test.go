@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock/internal/orderdb"
 )
@@ -24,7 +22,7 @@ import (
 // duplicate.
 func Example_sqlcQueriesInLockTx() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, exampleDSN())
+	pool, err := pgxpool.New(ctx, exampleDSN)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -75,16 +73,11 @@ func Example_sqlcQueriesInLockTx() {
 	// shipment rows: 1 <nil>
 }
 
-// exampleDSN is the DSN of the test binary's shared PostgreSQL server
-// (testsvc.Postgres), for the examples, which have no *testing.T.
-func exampleDSN() string { return testsvc.Postgres(exampleTB{}) }
+// exampleDSN is the DSN of the test binary's shared PostgreSQL server,
+// which TestMain prepared for the examples (they have no *testing.T).
+var exampleDSN string
 
-// exampleTB is the testing.TB that exampleDSN hands testsvc, which calls
-// only Helper, Fatal, Fatalf and Skipf on it: an example that cannot get
-// its server stops the test binary with the reason.
-type exampleTB struct{ testing.TB }
-
-func (exampleTB) Helper()                        {}
-func (exampleTB) Fatal(args ...any)              { log.Fatal(args...) }
-func (exampleTB) Fatalf(format string, a ...any) { log.Fatalf(format, a...) }
-func (exampleTB) Skipf(format string, a ...any)  { log.Fatalf(format, a...) }
+// serverExamples are the examples that need PostgreSQL: TestMain skips
+// them, saying why, when it cannot have the server and the run does not
+// require it (testsvc.Required).
+const serverExamples = "^Example_sqlcQueriesInLockTx$"
