@@ -174,15 +174,13 @@ func handler(ctx context.Context, sub *pubsub.Subscriber, w worker, opts []idemp
 			if err != nil {
 				return nil, err
 			}
-			event("backend", "type", fmt.Sprintf("%T", b))
-			return pull.HandlerTx(sub, txRecorder[pgx.Tx]{b}, insert(w, func(ctx context.Context, tx pgx.Tx, q string, args ...any) (err error) {
-				if outside {
-					_, err = pool.Exec(ctx, q, args...)
-				} else {
-					_, err = tx.Exec(ctx, q, args...)
-				}
+			return txHandler(sub, w, b, outside, func(ctx context.Context, tx pgx.Tx, q string, args ...any) error {
+				_, err := tx.Exec(ctx, q, args...)
 				return err
-			}), opts...), nil
+			}, func(ctx context.Context, q string, args ...any) error {
+				_, err := pool.Exec(ctx, q, args...)
+				return err
+			}, opts), nil
 		}
 		db, err := sql.Open("pgx", os.Getenv("POSTGRES_DSN"))
 		if err != nil {
@@ -196,15 +194,13 @@ func handler(ctx context.Context, sub *pubsub.Subscriber, w worker, opts []idemp
 		if err := b.EnsureSchema(ctx); err != nil {
 			return nil, err
 		}
-		event("backend", "type", fmt.Sprintf("%T", b))
-		return pull.HandlerTx(sub, txRecorder[*sql.Tx]{b}, insert(w, func(ctx context.Context, tx *sql.Tx, q string, args ...any) (err error) {
-			if outside {
-				_, err = db.ExecContext(ctx, q, args...)
-			} else {
-				_, err = tx.ExecContext(ctx, q, args...)
-			}
+		return txHandler(sub, w, b, outside, func(ctx context.Context, tx *sql.Tx, q string, args ...any) error {
+			_, err := tx.ExecContext(ctx, q, args...)
 			return err
-		}), opts...), nil
+		}, func(ctx context.Context, q string, args ...any) error {
+			_, err := db.ExecContext(ctx, q, args...)
+			return err
+		}, opts), nil
 	}
 	return nil, fmt.Errorf("E2E_MODE=%q: want send or tx", mode)
 }
@@ -322,23 +318,34 @@ func (w worker) send(ctx context.Context, m *pubsub.Message) error {
 	return nil
 }
 
-// insert returns the handler that writes the order into the sink table
-// by exec, in the handler's transaction tx (unless exec is the
-// write-outside-tx defect's).
-func insert[Tx any](w worker, exec func(ctx context.Context, tx Tx, q string, args ...any) error) pull.TxFunc[Tx] {
-	return func(ctx context.Context, m *pubsub.Message, tx Tx) error {
+// txHandler writes the "e2e: backend" line and returns pull.HandlerTx on
+// b with the handler that INSERTs the order into the sink table: by
+// onTx, on the handler's transaction, or, when outside (the
+// write-outside-tx defect), by onPool, committed at once.
+func txHandler[Tx any](sub *pubsub.Subscriber, w worker, b store.TxBackend[Tx], outside bool,
+	onTx func(ctx context.Context, tx Tx, q string, args ...any) error, onPool func(ctx context.Context, q string, args ...any) error,
+	opts []idempotency.Option) func(context.Context, *pubsub.Message) {
+	event("backend", "type", fmt.Sprintf("%T", b))
+	return pull.HandlerTx(sub, txRecorder[Tx]{b}, func(ctx context.Context, m *pubsub.Message, tx Tx) error {
 		claim, ok := idempotency.ClaimFrom(ctx)
 		if !ok {
 			return errors.New("no claim in the handler's context")
 		}
 		work()
-		if err := exec(ctx, tx, "INSERT INTO "+w.sink+" (key, fence, incarnation, message_id) VALUES ($1, $2, $3, $4)",
-			claim.Key, claim.Fence, w.incarnation, m.ID); err != nil {
+		q, args := "INSERT INTO "+w.sink+" (key, fence, incarnation, message_id) VALUES ($1, $2, $3, $4)",
+			[]any{claim.Key, claim.Fence, w.incarnation, m.ID}
+		var err error
+		if outside {
+			err = onPool(ctx, q, args...)
+		} else {
+			err = onTx(ctx, tx, q, args...)
+		}
+		if err != nil {
 			return err
 		}
 		w.crash(claim.Key)
 		return nil
-	}
+	}, opts...)
 }
 
 // record wraps b so that it writes "e2e: completed" when it reports a key
