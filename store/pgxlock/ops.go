@@ -42,14 +42,11 @@ func (b *Backend) ForceRelease(ctx context.Context, r store.Record) (bool, error
 	}
 	k := []byte(r.Key)
 	var released bool
-	err := b.retry(ctx, func() error {
-		cur, ok, err := b.current(ctx, k, r, store.Claimed)
-		if err != nil || !ok {
-			released = false
-			return err
-		}
-		tag, err := b.db.Exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
-		released = err == nil && tag.RowsAffected() == 1
+	err := b.retry(ctx, func() (err error) {
+		released, err = dialect.Conditional(b.reader(ctx, k), r, store.Claimed, func(cur row) (int64, error) {
+			tag, err := b.db.Exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
+			return tag.RowsAffected(), err
+		})
 		return err
 	})
 	if err != nil {
@@ -66,14 +63,11 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 	}
 	k := []byte(r.Key)
 	var deleted bool
-	err := b.retry(ctx, func() error {
-		cur, ok, err := b.current(ctx, k, r, store.Done)
-		if err != nil || !ok {
-			deleted = false
-			return err
-		}
-		tag, err := b.db.Exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
-		deleted = err == nil && tag.RowsAffected() == 1
+	err := b.retry(ctx, func() (err error) {
+		deleted, err = dialect.Conditional(b.reader(ctx, k), r, store.Done, func(cur row) (int64, error) {
+			tag, err := b.db.Exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
+			return tag.RowsAffected(), err
+		})
 		return err
 	})
 	if err != nil {
@@ -82,15 +76,9 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 	return deleted, nil
 }
 
-// current reads the record k and reports whether it is in state want with
-// r's fence and version.
-func (b *Backend) current(ctx context.Context, k []byte, r store.Record, want store.State) (row, bool, error) {
-	cur, found, err := b.read(ctx, b.db, k)
-	if err != nil || !found {
-		return cur, false, err
-	}
-	ok := store.State(cur.State) == want && cur.Fence == r.Fence && store.VersionOf(cur.Token) == r.Version
-	return cur, ok, nil
+// reader returns a read of the record k on the backend's DB.
+func (b *Backend) reader(ctx context.Context, k []byte) func() (row, bool, error) {
+	return func() (row, bool, error) { return b.read(ctx, b.db, k) }
 }
 
 // List implements store.Lister: one statement per page, reading at most

@@ -49,19 +49,13 @@ func (b *Backend) ForceRelease(ctx context.Context, r store.Record) (bool, error
 	}
 	k := []byte(r.Key)
 	var released bool
-	err := b.retry(ctx, func() error {
-		cur, ok, err := b.current(ctx, k, r, store.Claimed)
-		if err != nil || !ok {
-			released = false
-			return err
-		}
-		var n int64
-		if b.q.Returning {
-			n, err = b.exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
-		} else {
-			n, err = b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.Fence, cur.Token)
-		}
-		released = err == nil && n == 1
+	err := b.retry(ctx, func() (err error) {
+		released, err = dialect.Conditional(b.reader(ctx, k), r, store.Claimed, func(cur row) (int64, error) {
+			if b.q.Returning {
+				return b.exec(ctx, b.q.Release, k, cur.Fence, millis(b.ttl), cur.Token)
+			}
+			return b.exec(ctx, b.q.Release, millis(b.ttl), k, cur.Fence, cur.Token)
+		})
 		return err
 	})
 	if err != nil {
@@ -79,14 +73,10 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 	}
 	k := []byte(r.Key)
 	var deleted bool
-	err := b.retry(ctx, func() error {
-		cur, ok, err := b.current(ctx, k, r, store.Done)
-		if err != nil || !ok {
-			deleted = false
-			return err
-		}
-		n, err := b.exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
-		deleted = err == nil && n == 1
+	err := b.retry(ctx, func() (err error) {
+		deleted, err = dialect.Conditional(b.reader(ctx, k), r, store.Done, func(cur row) (int64, error) {
+			return b.exec(ctx, b.q.Forget, k, cur.Fence, cur.Token)
+		})
 		return err
 	})
 	if err != nil {
@@ -95,16 +85,9 @@ func (b *Backend) Forget(ctx context.Context, r store.Record) (bool, error) {
 	return deleted, nil
 }
 
-// current reads the row of k and reports whether it is still the record r
-// describes, in state want: same fence, and a token whose version is
-// r.Version.
-func (b *Backend) current(ctx context.Context, k []byte, r store.Record, want store.State) (row, bool, error) {
-	cur, found, err := b.read(ctx, k)
-	if err != nil || !found {
-		return cur, false, err
-	}
-	ok := store.State(cur.State) == want && cur.Fence == r.Fence && store.VersionOf(cur.Token) == r.Version
-	return cur, ok, nil
+// reader returns a read of the row of k.
+func (b *Backend) reader(ctx context.Context, k []byte) func() (row, bool, error) {
+	return func() (row, bool, error) { return b.read(ctx, k) }
 }
 
 // List implements store.Lister with one SELECT per call, which reads at
