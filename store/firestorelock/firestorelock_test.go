@@ -2,14 +2,13 @@ package firestorelock_test
 
 import (
 	"errors"
+	"io"
 	"testing"
 	"time"
 
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/status"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
@@ -92,58 +91,25 @@ func TestDialReadsTheProjectFromTheEnvironment(t *testing.T) {
 	}
 }
 
-// New builds a working backend on a connection the test dialled, and the
-// backend's Close leaves that connection open and usable.
-func TestNewOnACallersConnectionLeavesItOpen(t *testing.T) {
+// The constructors' cases (doclocktest.RunConns): New on a caller's
+// connection, and Dial's Close.
+func TestConns(t *testing.T) { doclocktest.RunConns(t, driver{}, driver{}) }
+
+func (driver) OnConn(t *testing.T) (func(string) (doclocktest.Backend, io.Closer, error), func() bool) {
 	conn := dialEmulator(t, testsvc.Firestore(t))
-	ctx := t.Context()
-	coll := collection()
-	b, err := firestorelock.New(conn, project, firestorelock.WithCollection(coll))
-	if err != nil {
-		t.Fatal(err)
+	newOn := func(space string) (doclocktest.Backend, io.Closer, error) {
+		b, err := firestorelock.New(conn, project, firestorelock.WithCollection(space))
+		return b, b, err
 	}
-	r, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
-		t.Fatalf("complete: %v %v", ok, err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	if s := conn.GetState(); s == connectivity.Shutdown {
-		t.Fatalf("the caller's connection is %v after the backend's Close", s)
-	}
-	again, err := firestorelock.New(conn, project, firestorelock.WithCollection(coll))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r, err := again.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
-		t.Fatalf("a claim on the same connection after the first backend's Close: %v %v, want already done", r.Outcome, err)
-	}
+	return newOn, func() bool { return conn.GetState() == connectivity.Shutdown }
 }
 
-// Dial's backend owns the connection it dialled: its Close closes it, and
-// a call after that fails at once (Canceled: the connection is closing)
-// instead of reaching the service.
-func TestDialCloseClosesItsConnection(t *testing.T) {
-	testsvc.Firestore(t) // sets FIRESTORE_EMULATOR_HOST
-	ctx := t.Context()
-	b, err := firestorelock.Dial(ctx, project, firestorelock.WithCollection(collection()))
+func (driver) Dial(t *testing.T, space string) (doclocktest.Backend, io.Closer, error) {
+	b, err := firestorelock.Dial(t.Context(), project, firestorelock.WithCollection(space))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	_, err = b.Claim(ctx, "k2", time.Minute)
-	if status.Code(err) != codes.Canceled || ctx.Err() != nil {
-		t.Fatalf("claim after Close: %v, want the closed connection's Canceled", err)
-	}
+	return b, b, nil
 }
 
 // Two processes, each with eight goroutines, race one key: one wins.
