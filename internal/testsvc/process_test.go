@@ -188,3 +188,25 @@ func TestFreePortIsFreeOnLoopback(t *testing.T) {
 		t.Fatalf("freeAddr() = %d, %q", port, addr)
 	}
 }
+
+// Outside hands back what a service function returns, or, when it skips or
+// fails, its reason, and ends only the service function's goroutine.
+func TestOutsideReportsTheAddressOrTheReason(t *testing.T) {
+	if addr, why := Outside(func(testing.TB) string { return "127.0.0.1:1" }); addr != "127.0.0.1:1" || why != "" {
+		t.Errorf("a service that answered: got %q, %q", addr, why)
+	}
+	for name, stop := range map[string]func(testing.TB){
+		"skip":  func(tb testing.TB) { tb.Helper(); tb.Skipf("no %s here", "postgres") },
+		"fatal": func(tb testing.TB) { tb.Fatal("no postgres here") },
+	} {
+		after := false
+		addr, why := Outside(func(tb testing.TB) string {
+			stop(tb)
+			after = true
+			return "unreachable"
+		})
+		if addr != "" || why != "no postgres here" || after {
+			t.Errorf("%s: got %q, %q, ran on after it: %v", name, addr, why, after)
+		}
+	}
+}

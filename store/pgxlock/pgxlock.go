@@ -1,6 +1,14 @@
 // Package pgxlock is a store.Backend on a PostgreSQL table through pgx's
-// own interface (github.com/jackc/pgx/v5): a *pgxpool.Pool, or a
-// *pgx.Conn, and pgx.Tx for CompleteTx.
+// own interface (github.com/jackc/pgx/v5): a *pgxpool.Pool (or a
+// *pgx.Conn, for calls that never overlap: see DB), and pgx.Tx for
+// CompleteTx.
+//
+// Give the backend to any of the idempotency package's guards: Lock,
+// Mutex, Idempotent, PushHandler, and the transactional LockTx,
+// IdempotentTx and PushHandlerTx, whose handler receives the pgx.Tx that
+// also marks the key done. Code sqlc generates in its pgx/v5 mode runs in
+// that transaction through its queries.WithTx(tx), so the handler's rows
+// and the mark commit together (Example_sqlcQueriesInLockTx).
 //
 // It sends the same statements to the same table as package sqllock's
 // PostgreSQL dialect (both render them from one source), so a service can
@@ -9,7 +17,10 @@
 // other reads, claims, completes, releases and lists.
 //
 // Bring your own pool (its size, credentials and settings); the backend
-// only runs statements on it. Time comes from the database's clock. Keys
+// only runs statements on it. A transaction of CompleteTx holds one of
+// its connections while the body runs, and a lease renewal
+// (WithHeartbeat) needs another: give the pool more connections than
+// there are transactional deliveries at once. Time comes from the database's clock. Keys
 // are bound as parameters, never spliced into SQL; the table name is
 // checked to be a plain identifier (optionally schema-qualified) and
 // quoted. pgx caches each statement's preparation per connection (its

@@ -2,6 +2,7 @@ package pgxlock_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -21,6 +22,23 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	dsn, why := testsvc.Outside(testsvc.Postgres)
+	switch {
+	case why == "":
+		exampleDSN = dsn
+	case testsvc.Required():
+		fmt.Fprintln(os.Stderr, "pgxlock's examples need PostgreSQL:", why)
+		testsvc.StopAll()
+		os.Exit(1)
+	default:
+		fmt.Fprintf(os.Stderr, "skipping %s: %s\n", serverExamples, why)
+		skip := serverExamples
+		if s := flag.Lookup("test.skip").Value.String(); s != "" {
+			skip += "|" + s
+		}
+		flag.Set("test.skip", skip)
+	}
 	code := m.Run()
 	testsvc.StopAll()
 	os.Exit(code)

@@ -52,11 +52,11 @@ const CommitIdleTimeout = dialect.CommitIdleMillis * time.Millisecond
 //     the transaction is rolled back, none of body's writes exist.
 //   - body's error, or a panic of body: the transaction is rolled back
 //     (a panic then goes on up); the record stays Claimed by c.
-//   - A transaction body's failed statement aborted (body swallowing the
-//     error), or one that a ROLLBACK or COMMIT statement of body, or
-//     body's own tx.Commit or tx.Rollback, ended: an error, and the Done
-//     mark is not written (after a COMMIT, body's writes before it exist
-//     without it).
+//   - body returned nil, but the transaction had ended under it: a
+//     failed statement aborted it (body swallowed the error), or a
+//     ROLLBACK or COMMIT statement on tx, or body's own tx.Commit or
+//     tx.Rollback, ended it: an error, and the Done mark is not written
+//     (after a COMMIT, body's writes before it exist without it).
 //   - A commit whose reply was lost (a connection cut, or ctx ending
 //     while the commit was under way) is settled before CompleteTx
 //     returns, on a context detached from ctx's cancellation and bounded
