@@ -60,6 +60,7 @@ require (
 	github.com/cloudevents/sdk-go/v2 v2.16.2
 	github.com/gcp-pubsub-idempotency/idempotency v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/pull v0.1.0
+	github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock v0.1.0
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -71,6 +72,7 @@ replace (
 	github.com/gcp-pubsub-idempotency/idempotency/function_example => ../function_example
 	github.com/gcp-pubsub-idempotency/idempotency/pull => ../pull
 	github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock => ../store/datastorelock
+	github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock => ../store/pgxlock
 	github.com/gcp-pubsub-idempotency/idempotency/store/redislock => ../store/redislock
 	github.com/gcp-pubsub-idempotency/idempotency/store/sqllock => ../store/sqllock
 )

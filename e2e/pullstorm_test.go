@@ -57,6 +57,15 @@ func TestPullCrashStorm(t *testing.T) {
 	}
 }
 
+// The pull crash storm on PostgreSQL through pgx (store/pgxlock over a
+// *pgxpool.Pool): TestPullCrashStorm's storm and judge, with
+// subscribers that run pull.Handler on pgxlock, and every key's record
+// read back through pgxlock at the end.
+func TestPullCrashStormOnPgxlock(t *testing.T) {
+	p := stormParamsForTest(t)
+	runPullStorm(t, "pgxlock", false, p).report(t, p.Lease)
+}
+
 // The transactional pull crash storm: HandlerTx on PostgreSQL, the
 // handler's effect an INSERT into a sink table in the same database, in
 // the transaction that marks the key done; processes exit after the
@@ -64,8 +73,21 @@ func TestPullCrashStorm(t *testing.T) {
 // Nothing is excused: every order has exactly one row, and its key is
 // Done.
 func TestPullCrashStormTransactionalOnPostgres(t *testing.T) {
+	transactionalPullStorm(t, "postgres")
+}
+
+// TestPullCrashStormTransactionalOnPostgres's storm and judge on pgxlock:
+// pull.HandlerTx with pgx.Tx, the INSERT on the handler's pgx.Tx.
+func TestPullCrashStormTransactionalOnPgxlock(t *testing.T) {
+	transactionalPullStorm(t, "pgxlock")
+}
+
+// transactionalPullStorm runs the transactional pull storm on backend
+// (postgres or pgxlock) and fails t unless every order has exactly one
+// row and every key is done.
+func transactionalPullStorm(t *testing.T, backend string) {
 	p := stormParamsForTest(t)
-	r := runPullStorm(t, "postgres", true, p)
+	r := runPullStorm(t, backend, true, p)
 	r.report(t, p.Lease)
 	if r.Lost+r.Duplicates+r.NotDone != 0 {
 		t.Errorf("want exactly one row per order and every key done: %v", r)
@@ -74,20 +96,45 @@ func TestPullCrashStormTransactionalOnPostgres(t *testing.T) {
 
 // The pull storm cannot pass vacuously: on subscribers whose backend has
 // a defect that breaks "nothing twice" (brokenBackends), the same storm
-// (smaller, on Redis) reports duplicates.
+// (smaller, on Redis, and with the first defect on pgxlock too) reports
+// duplicates.
 func TestPullCrashStormCatchesBrokenBackends(t *testing.T) {
 	p := stormParamsForTest(t)
 	p.PullOrders, p.Instances = 20, 4
-	for _, bb := range brokenBackends {
-		t.Run(bb.name, func(t *testing.T) {
-			r := runPullStorm(t, "redis", false, p, "E2E_BROKEN="+bb.name)
-			t.Log(r)
-			if r.Duplicates == 0 {
-				t.Fatalf("the pull storm did not catch a backend where %s: %v", bb.defect, r.Problems)
-			}
-			t.Logf("caught: %d problems, the first: %s", len(r.Problems), r.Problems[0])
-		})
+	for i, bb := range brokenBackends {
+		backends := []string{"redis"}
+		if i == 0 {
+			backends = append(backends, "pgxlock")
+		}
+		for _, backend := range backends {
+			t.Run(bb.name+"/"+backend, func(t *testing.T) {
+				r := runPullStorm(t, backend, false, p, "E2E_BROKEN="+bb.name)
+				t.Log(r)
+				if r.Duplicates == 0 {
+					t.Fatalf("the pull storm did not catch a backend where %s: %v", bb.defect, r.Problems)
+				}
+				t.Logf("caught: %d problems, the first: %s", len(r.Problems), r.Problems[0])
+			})
+		}
 	}
+}
+
+// The transactional pull storm's strict judge is not vacuous: on
+// subscribers whose handler INSERTs on the pool instead of the
+// handler's pgx.Tx (E2E_BROKEN=write-outside-tx), a crash or a kill
+// between the INSERT and the commit leaves a row that the redelivery
+// writes again, and the storm reports the duplicate rows. The crash rate
+// is 0.5, so that some of its 20 orders crash (all but one in a million
+// runs).
+func TestPullCrashStormTransactionalCatchesWritesOutsideTheTransaction(t *testing.T) {
+	p := stormParamsForTest(t)
+	p.PullOrders, p.Instances, p.CrashRate = 20, 4, 0.5
+	r := runPullStorm(t, "pgxlock", true, p, "E2E_BROKEN=write-outside-tx")
+	t.Log(r)
+	if r.Duplicates == 0 {
+		t.Fatalf("the transactional pull storm found no duplicate row with the sink written outside the transaction: %v", r.Problems)
+	}
+	t.Logf("caught: %d problems, the first: %s", len(r.Problems), r.Problems[0])
 }
 
 // pullMaxExtension is the subscribers' MaxExtension: half the lease, so
@@ -98,6 +145,7 @@ func pullMaxExtension(lease time.Duration) time.Duration { return lease / 2 }
 // pullStormResult is what one pull storm did and what it found.
 type pullStormResult struct {
 	Name                     string
+	Impl                     []string // the backend types the processes reported
 	Orders, Processes        int
 	Published                int // messages, republishes included
 	Deliveries, Redeliveries int // callbacks; those beyond one per messageId
@@ -115,9 +163,9 @@ type pullStormResult struct {
 }
 
 func (r pullStormResult) String() string {
-	return fmt.Sprintf("pull storm on %s: orders=%d processes=%d kills=%d mid-handler-kills=%d crashes=%d deliveries=%d redeliveries=%d re-sends=%d lost=%d duplicates=%d not-done=%d overruns=%d"+
+	return fmt.Sprintf("pull storm on %s %v: orders=%d processes=%d kills=%d mid-handler-kills=%d crashes=%d deliveries=%d redeliveries=%d re-sends=%d lost=%d duplicates=%d not-done=%d overruns=%d"+
 		" (%d messages, %d effects, lease %v, max extension %v, ack deadline %v, crash rate %v, a kill every %v; %v, phases %v)",
-		r.Name, r.Orders, r.Processes, r.Kills, r.MidHandlerKills, r.Crashes, r.Deliveries, r.Redeliveries, r.Resends, r.Lost, r.Duplicates, r.NotDone, r.Overruns,
+		r.Name, r.Impl, r.Orders, r.Processes, r.Kills, r.MidHandlerKills, r.Crashes, r.Deliveries, r.Redeliveries, r.Resends, r.Lost, r.Duplicates, r.NotDone, r.Overruns,
 		r.Published, r.Effects, r.Lease, pullMaxExtension(r.Lease), pullAckDeadline, r.CrashRate, r.KillEvery, r.Took.Round(time.Second), roundAll(r.Phases))
 }
 
@@ -134,9 +182,10 @@ func (r pullStormResult) report(t *testing.T, lease time.Duration) {
 	}
 }
 
-// runPullStorm runs one pull storm on backend (with tx, HandlerTx on
-// PostgreSQL into a sink table) and judges it. Failures to set it up fail
-// t; what the storm finds goes into the result's Problems.
+// runPullStorm runs one pull storm on backend (a name stormBackendEnv
+// knows; with tx, HandlerTx into a sink table, on postgres or pgxlock)
+// and judges it. Failures to set it up fail t; what the storm finds goes
+// into the result's Problems.
 func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv ...string) pullStormResult {
 	start := time.Now()
 	ps, sup := newPubSub(t, "pull-"+backend), newSupplier(t)
@@ -247,6 +296,10 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 	}
 	res.Deliveries, res.Redeliveries = len(deliveries), len(deliveries)-len(ids)
 	res.Crashes, res.Kills, res.MidHandlerKills = f.crashes.Load(), f.kills.Load(), f.killedInCallback()
+	res.Impl = backendTypes(f)
+	if want, ok := pullStormImpl[backend]; ok && (len(res.Impl) != 1 || res.Impl[0] != want) {
+		res.Problems = append(res.Problems, fmt.Sprintf("the subscribers ran on %v, not on %s alone", res.Impl, want))
+	}
 	completed := completedAt()
 	if tx {
 		rows, err := sinkRows(sink)
@@ -289,6 +342,23 @@ func runPullStorm(t *testing.T, backend string, tx bool, p stormParams, extraEnv
 		}
 	}
 	return res
+}
+
+// pullStormImpl is the Go type of the backend the subscribers must report
+// running on, by the storm's backend name, where the name says which.
+var pullStormImpl = map[string]string{"postgres": "*sqllock.Backend", "pgxlock": "*pgxlock.Backend"}
+
+// backendTypes returns the backend types the fleet's processes reported
+// ("e2e: backend" lines), each once, sorted.
+func backendTypes(f *fleet) []string {
+	var types []string
+	for _, e := range f.pullEvents("backend") {
+		if !slices.Contains(types, e.kv["type"]) {
+			types = append(types, e.kv["type"])
+		}
+	}
+	slices.Sort(types)
+	return types
 }
 
 // judgeRows judges the transactional storm's sink strictly: each order

@@ -23,11 +23,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/function_example/orders"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 )
 
 // The storm's parameters: a flag (go test ./e2e -args -storm.orders=1000),
@@ -54,7 +56,12 @@ var stormFlags = func() map[string]*string {
 	return m
 }()
 
-// stormBackends are the backends the storm knows how to set up.
+// stormBackends are the backends STORM_BACKEND chooses from: those the
+// example function (the push storm's) and the pull storm's subscribers
+// both run. PostgreSQL through pgxlock, which only the subscribers run,
+// has storms of its own (TestPullCrashStormOnPgxlock and
+// TestPullCrashStormTransactionalOnPgxlock), as HandlerTx on PostgreSQL
+// has, which STORM_BACKEND does not choose.
 var stormBackends = []string{"datastore", "redis", "postgres"}
 
 // stormParams are one storm's parameters.
@@ -517,7 +524,9 @@ func fencedOutIn(log, key string, fence int64) bool {
 }
 
 // stormBackendEnv returns the environment that points the function at
-// backend, set up for this storm alone.
+// backend, set up for this storm alone: one of stormBackends, or
+// "pgxlock", PostgreSQL through store/pgxlock, which only the pull
+// storm's subscribers run (E2E_DRIVER=pgx).
 func stormBackendEnv(t *testing.T, backend string, ps *pubsub) []string {
 	switch backend {
 	case "datastore":
@@ -526,6 +535,10 @@ func stormBackendEnv(t *testing.T, backend string, ps *pubsub) []string {
 		return []string{"IDEMPOTENCY_BACKEND=redis", "REDIS_ADDR=" + testsvc.Redis(t)}
 	case "postgres":
 		return []string{"IDEMPOTENCY_BACKEND=postgres", "POSTGRES_DSN=" + freshPostgresDatabase(t, testsvc.Postgres(t))}
+	case "pgxlock":
+		// The pull storm's subscribers only (internal/pullsub): the
+		// example function knows no E2E_DRIVER.
+		return []string{"E2E_DRIVER=pgx", "POSTGRES_DSN=" + freshPostgresDatabase(t, testsvc.Postgres(t))}
 	}
 	t.Fatalf("no storm set-up for backend %q", backend)
 	return nil
@@ -566,14 +579,25 @@ func freshPostgresDatabase(t *testing.T, dsn string) string {
 }
 
 // notDoneKeys builds, in this process, the backend the function's
-// environment chooses, and claims every key: each must be AlreadyDone. It
-// returns the keys that are not, with what Claim said.
+// environment chooses (pgxlock when it says E2E_DRIVER=pgx, as the pull
+// storm's subscribers do), and claims every key: each must be
+// AlreadyDone. It returns the keys that are not, with what Claim said.
 func notDoneKeys(t *testing.T, backendEnv []string, keys []string) map[string]string {
 	for _, kv := range backendEnv {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
-	b, err := orders.Backend(t.Context())
+	var b store.Backend
+	var err error
+	if envValue(backendEnv, "E2E_DRIVER") == "pgx" {
+		var pool *pgxpool.Pool
+		if pool, err = pgxpool.New(t.Context(), envValue(backendEnv, "POSTGRES_DSN")); err == nil {
+			defer pool.Close()
+			b, err = pgxlock.New(pool)
+		}
+	} else {
+		b, err = orders.Backend(t.Context())
+	}
 	if err != nil {
 		t.Fatalf("the backend, in the test: %v", err)
 	}

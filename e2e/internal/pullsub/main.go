@@ -19,17 +19,28 @@
 //	E2E_CRASH_DIR          where the processes mark the keys that crashed:
 //	                       each key crashes at most once, and none does
 //	                       once the file "stop" exists there
-//	E2E_MODE               "send" (default): POST the order to the
-//	                       supplier; "tx": INSERT it into e2e_pull_sink in
-//	                       E2E_SINK_TABLE in the handler's transaction
-//	                       (postgres only; the harness creates the table)
-//	E2E_BROKEN             complete-noop or claim-always-wins: wrap the
-//	                       backend in that defect (send mode only)
+//	E2E_MODE               "send" (default): pull.Handler, which POSTs the
+//	                       order to the supplier; "tx": pull.HandlerTx,
+//	                       which INSERTs it into the table E2E_SINK_TABLE
+//	                       in the handler's transaction (PostgreSQL at
+//	                       POSTGRES_DSN only; the harness creates the table)
+//	E2E_DRIVER             "database/sql" (default): send mode runs on the
+//	                       example's backend (orders.Backend), tx mode on
+//	                       sqllock with *sql.Tx; "pgx": both run on
+//	                       store/pgxlock over a *pgxpool.Pool opened from
+//	                       POSTGRES_DSN, tx mode with pgx.Tx (then
+//	                       IDEMPOTENCY_BACKEND must be unset or postgres)
+//	E2E_BROKEN             in send mode, complete-noop or claim-always-wins:
+//	                       wrap the backend in that defect; in tx mode,
+//	                       write-outside-tx: INSERT on the pool or DB, not
+//	                       on the handler's transaction
 //
-// It writes one line per event the harness reads: "e2e: delivery" when a
+// It writes one line per event the harness reads: "e2e: backend" once,
+// with type=<the backend's Go type>, then "e2e: delivery" when a
 // message reaches the callback, "e2e: handled" when the callback returns
 // (it has acked or nacked), "e2e: completed" when the backend reported a
-// key done (the library acks after that), each with at=<unix µs>.
+// key done (the library acks after that), "e2e: found-done" when a claim
+// found the key done already, each with at=<unix µs>.
 package main
 
 import (
@@ -49,6 +60,8 @@ import (
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/gcp-pubsub-idempotency/idempotency"
@@ -56,6 +69,7 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/function_example/orders"
 	"github.com/gcp-pubsub-idempotency/idempotency/pull"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/sqllock"
 )
 
@@ -99,40 +113,11 @@ func run(ctx context.Context) error {
 	// that, whatever the subscription's deadline.
 	sub.ReceiveSettings.MaxDurationPerAckExtension = perAck
 	w := worker{rate: rate, crashDir: os.Getenv("E2E_CRASH_DIR"), incarnation: os.Getenv("E2E_INCARNATION"), supplier: os.Getenv("SUPPLIER_URL"), sink: os.Getenv("E2E_SINK_TABLE")}
-	opts := orders.OrderOptions(lease)
 
-	var handle func(context.Context, *pubsub.Message)
-	switch mode := os.Getenv("E2E_MODE"); mode {
-	case "", "send":
-		b, err := orders.Backend(ctx)
-		if err != nil {
-			return err
-		}
-		if b, err = broken.Wrap(b, os.Getenv("E2E_BROKEN")); err != nil {
-			return err
-		}
-		handle = pull.Handler(sub, record(b), w.send, opts...)
-	case "tx":
-		if w.sink == "" {
-			return errors.New("E2E_MODE=tx needs E2E_SINK_TABLE")
-		}
-		db, err := sql.Open("pgx", os.Getenv("POSTGRES_DSN"))
-		if err != nil {
-			return err
-		}
-		db.SetMaxOpenConns(10)
-		b, err := sqllock.New(db, sqllock.Postgres)
-		if err != nil {
-			return err
-		}
-		if err := b.EnsureSchema(ctx); err != nil {
-			return err
-		}
-		handle = pull.HandlerTx(sub, txRecorder{b}, w.insert, opts...)
-	default:
-		return fmt.Errorf("E2E_MODE=%q: want send or tx", mode)
+	handle, err := handler(ctx, sub, w, orders.OrderOptions(lease))
+	if err != nil {
+		return err
 	}
-
 	go func() {
 		// The readiness probe: the harness waits for it before it counts
 		// the process as started.
@@ -144,6 +129,111 @@ func run(ctx context.Context) error {
 		handle(ctx, m)
 		event("handled", "id", m.ID)
 	})
+}
+
+// handler returns the callback E2E_MODE, E2E_DRIVER and E2E_BROKEN
+// choose, and writes the "e2e: backend" line.
+func handler(ctx context.Context, sub *pubsub.Subscriber, w worker, opts []idempotency.Option) (func(context.Context, *pubsub.Message), error) {
+	driver, mode, defect := os.Getenv("E2E_DRIVER"), os.Getenv("E2E_MODE"), os.Getenv("E2E_BROKEN")
+	switch driver {
+	case "", "database/sql":
+	case "pgx":
+		if kind := os.Getenv("IDEMPOTENCY_BACKEND"); kind != "" && kind != orders.Postgres {
+			return nil, fmt.Errorf("E2E_DRIVER=pgx runs on PostgreSQL (POSTGRES_DSN), but IDEMPOTENCY_BACKEND=%q", kind)
+		}
+	default:
+		return nil, fmt.Errorf("E2E_DRIVER=%q: want database/sql or pgx", driver)
+	}
+	switch mode {
+	case "", "send":
+		var b store.Backend
+		var err error
+		if driver == "pgx" {
+			_, b, err = openPgxlock(ctx)
+		} else {
+			b, err = orders.Backend(ctx)
+		}
+		if err != nil {
+			return nil, err
+		}
+		event("backend", "type", fmt.Sprintf("%T", b))
+		if b, err = broken.Wrap(b, defect); err != nil {
+			return nil, err
+		}
+		return pull.Handler(sub, record(b), w.send, opts...), nil
+	case "tx":
+		if w.sink == "" {
+			return nil, errors.New("E2E_MODE=tx needs E2E_SINK_TABLE")
+		}
+		if defect != "" && defect != writeOutsideTx {
+			return nil, fmt.Errorf("E2E_BROKEN=%q: E2E_MODE=tx knows only %s", defect, writeOutsideTx)
+		}
+		outside := defect == writeOutsideTx
+		if driver == "pgx" {
+			pool, b, err := openPgxlock(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return txHandler(sub, w, b, outside, func(ctx context.Context, tx pgx.Tx, q string, args ...any) error {
+				_, err := tx.Exec(ctx, q, args...)
+				return err
+			}, func(ctx context.Context, q string, args ...any) error {
+				_, err := pool.Exec(ctx, q, args...)
+				return err
+			}, opts), nil
+		}
+		db, err := sql.Open("pgx", os.Getenv("POSTGRES_DSN"))
+		if err != nil {
+			return nil, err
+		}
+		db.SetMaxOpenConns(maxConns)
+		b, err := sqllock.New(db, sqllock.Postgres)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.EnsureSchema(ctx); err != nil {
+			return nil, err
+		}
+		return txHandler(sub, w, b, outside, func(ctx context.Context, tx *sql.Tx, q string, args ...any) error {
+			_, err := tx.ExecContext(ctx, q, args...)
+			return err
+		}, func(ctx context.Context, q string, args ...any) error {
+			_, err := db.ExecContext(ctx, q, args...)
+			return err
+		}, opts), nil
+	}
+	return nil, fmt.Errorf("E2E_MODE=%q: want send or tx", mode)
+}
+
+// writeOutsideTx is tx mode's E2E_BROKEN defect: the sink's INSERT runs
+// on the pool (or DB), committed at once, not on the handler's
+// transaction, so a process that dies before the commit leaves its row,
+// and the redelivery writes another.
+const writeOutsideTx = "write-outside-tx"
+
+// maxConns bounds each process's connections to PostgreSQL.
+const maxConns = 10
+
+// openPgxlock opens a pool on POSTGRES_DSN and a pgxlock backend on it,
+// with its table made.
+func openPgxlock(ctx context.Context) (*pgxpool.Pool, *pgxlock.Backend, error) {
+	cfg, err := pgxpool.ParseConfig(os.Getenv("POSTGRES_DSN"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("POSTGRES_DSN: %w", err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := pgxlock.New(pool)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.EnsureSchema(ctx); err != nil {
+		return nil, nil, fmt.Errorf("pgxlock: creating the table: %w", err)
+	}
+	return pool, b, nil
 }
 
 // event writes one line for the harness.
@@ -228,20 +318,34 @@ func (w worker) send(ctx context.Context, m *pubsub.Message) error {
 	return nil
 }
 
-// insert writes the order into the sink table in the handler's
-// transaction.
-func (w worker) insert(ctx context.Context, m *pubsub.Message, tx *sql.Tx) error {
-	claim, ok := idempotency.ClaimFrom(ctx)
-	if !ok {
-		return errors.New("no claim in the handler's context")
-	}
-	work()
-	if _, err := tx.ExecContext(ctx, "INSERT INTO "+w.sink+" (key, fence, incarnation, message_id) VALUES ($1, $2, $3, $4)",
-		claim.Key, claim.Fence, w.incarnation, m.ID); err != nil {
-		return err
-	}
-	w.crash(claim.Key)
-	return nil
+// txHandler writes the "e2e: backend" line and returns pull.HandlerTx on
+// b with the handler that INSERTs the order into the sink table: by
+// onTx, on the handler's transaction, or, when outside (the
+// write-outside-tx defect), by onPool, committed at once.
+func txHandler[Tx any](sub *pubsub.Subscriber, w worker, b store.TxBackend[Tx], outside bool,
+	onTx func(ctx context.Context, tx Tx, q string, args ...any) error, onPool func(ctx context.Context, q string, args ...any) error,
+	opts []idempotency.Option) func(context.Context, *pubsub.Message) {
+	event("backend", "type", fmt.Sprintf("%T", b))
+	return pull.HandlerTx(sub, txRecorder[Tx]{b}, func(ctx context.Context, m *pubsub.Message, tx Tx) error {
+		claim, ok := idempotency.ClaimFrom(ctx)
+		if !ok {
+			return errors.New("no claim in the handler's context")
+		}
+		work()
+		q, args := "INSERT INTO "+w.sink+" (key, fence, incarnation, message_id) VALUES ($1, $2, $3, $4)",
+			[]any{claim.Key, claim.Fence, w.incarnation, m.ID}
+		var err error
+		if outside {
+			err = onPool(ctx, q, args...)
+		} else {
+			err = onTx(ctx, tx, q, args...)
+		}
+		if err != nil {
+			return err
+		}
+		w.crash(claim.Key)
+		return nil
+	}, opts...)
 }
 
 // record wraps b so that it writes "e2e: completed" when it reports a key
@@ -298,13 +402,13 @@ func completed(c store.Claim) func(bool, error) (bool, error) {
 }
 
 // txRecorder writes "e2e: completed" when a transaction that marked a key
-// done committed.
-type txRecorder struct{ *sqllock.Backend }
+// done committed, and "e2e: found-done" as recorder does.
+type txRecorder[Tx any] struct{ store.TxBackend[Tx] }
 
-func (r txRecorder) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
-	return foundDone(key)(r.Backend.Claim(ctx, key, lease))
+func (r txRecorder[Tx]) Claim(ctx context.Context, key string, lease time.Duration) (store.Result, error) {
+	return foundDone(key)(r.TxBackend.Claim(ctx, key, lease))
 }
 
-func (r txRecorder) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, *sql.Tx) error) (bool, error) {
-	return completed(c)(r.Backend.CompleteTx(ctx, c, fp, body))
+func (r txRecorder[Tx]) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(context.Context, Tx) error) (bool, error) {
+	return completed(c)(r.TxBackend.CompleteTx(ctx, c, fp, body))
 }
