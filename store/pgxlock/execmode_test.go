@@ -95,4 +95,3 @@ func TestEveryQueryExecModeClaimsCompletesAndCompletesTx(t *testing.T) {
 		})
 	}
 }
-
