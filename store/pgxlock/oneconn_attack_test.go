@@ -2,6 +2,7 @@ package pgxlock_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,11 +34,22 @@ func TestOnOneConnCompleteTxDoesNotOverlapARenewalInFlight(t *testing.T) {
 	c := won(t, b, "renewing")
 	// Another session locks the record, so that the renewal waits on it.
 	pool := openPool(t, dsn)
+	overlapped := make(chan struct{})
+	overlap := sync.OnceFunc(func() { close(overlapped) })
 	lockTx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lockTx.Rollback(context.Background())
+	rolledBack := make(chan struct{})
+	defer func() { overlap(); <-rolledBack }()
+	go func() {
+		defer close(rolledBack)
+		// The renewal goes on once CompleteTx has had its chance to
+		// overlap it.
+		<-overlapped
+		time.Sleep(100 * time.Millisecond)
+		lockTx.Rollback(context.Background())
+	}()
 	if _, err := lockTx.Exec(ctx, `SELECT 1 FROM "`+table+`" FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
@@ -47,11 +59,7 @@ func TestOnOneConnCompleteTxDoesNotOverlapARenewalInFlight(t *testing.T) {
 		extended <- err
 	}()
 	waitFor(t, pool, `SELECT count(*) >= 1 FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted`)
-	go func() {
-		// The renewal goes on once CompleteTx has had its chance.
-		time.Sleep(100 * time.Millisecond)
-		lockTx.Rollback(context.Background())
-	}()
+	overlap()
 	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx pgx.Tx) error { return nil })
 	if eerr := <-extended; eerr != nil {
 		t.Errorf("the renewal: %v", eerr)
