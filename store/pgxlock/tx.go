@@ -86,6 +86,13 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 	if body == nil {
 		return false, fmt.Errorf("pgxlock: complete-tx %q: nil body", c.Key)
 	}
+	if b.single {
+		// The connection is the transaction's until the outcome is
+		// settled: a renewal in flight ends first, and later ones fail
+		// at once (Extend).
+		b.one.Lock()
+		defer b.one.Unlock()
+	}
 	var done bool
 	var lost error
 	attempts := 0
