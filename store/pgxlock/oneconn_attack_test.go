@@ -2,6 +2,8 @@ package pgxlock_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
+	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // On a *pgx.Conn, a heartbeat's renewal already in flight when CompleteTx
@@ -69,5 +72,33 @@ func TestOnOneConnCompleteTxDoesNotOverlapARenewalInFlight(t *testing.T) {
 	}
 	if res, err := b.Claim(ctx, "after", time.Minute); err != nil {
 		t.Errorf("the next claim on the backend's connection: %v, %v", res, err)
+	}
+}
+
+// On a *pgx.Conn, a CompleteTx called inside another's body on the same
+// backend (a LockTx nested in a LockTx) fails at once, saying why,
+// rather than waiting forever for the connection the outer transaction
+// holds; the outer one then commits as its body decides.
+func TestOnOneConnNestedCompleteTxFailsAtOnce(t *testing.T) {
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, testsvc.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	b, _ := newBackend(t, conn)
+	outer, inner := won(t, b, "outer"), won(t, b, "inner")
+	ok, err := b.CompleteTx(ctx, outer, "", func(ctx context.Context, tx pgx.Tx) error {
+		ok, err := b.CompleteTx(ctx, inner, "", func(context.Context, pgx.Tx) error { return nil })
+		if ok || err == nil || !strings.Contains(err.Error(), "inside a body") {
+			return fmt.Errorf("the nested CompleteTx = %v, %v; want a refusal", ok, err)
+		}
+		return nil
+	})
+	if !ok || err != nil {
+		t.Fatalf("the outer CompleteTx = %v, %v", ok, err)
+	}
+	if rec, _, err := b.Inspect(ctx, "inner"); rec.State != store.Claimed || err != nil {
+		t.Errorf("the inner record: %+v, %v; want still Claimed", rec, err)
 	}
 }
