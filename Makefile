@@ -77,6 +77,7 @@ fuzz:
 # intervals) of Redis, PostgreSQL and the wrapper through the functions
 # framework, from rounds that alternate (`make bench-stat` alone; ROUNDS
 # and STATTIME override its 6 rounds of -benchtime 2000x).
+# The table stays beside benchstat: the wrapper's, Datastore's, Firestore's and Spanner's benchmarks name their sides as bare sub-benchmark elements (lock, naive-2-transactions), which benchstat cannot put in columns (it keys on key=value elements only), and the table gives a missing server a row.
 BENCHTIME ?= 500ms
 BENCHCOUNT ?= 3
 ROUNDS ?= 6

@@ -2,95 +2,26 @@ package datastorelock_test
 
 import (
 	"errors"
+	"io"
 	"testing"
 	"time"
 
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/status"
 
-	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
 
+// storetest's suites (the contract and the operations) on the Datastore
+// emulator, through doclocktest. The server-clock history runs its full
+// 10,000 calls with the client ahead and 3,000 with it behind, and the
+// contract runs again in real time.
 func TestContract(t *testing.T) {
-	testsvc.Datastore(t)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		clock := newClock()
-		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f,
-			WithTTL: withTTL(t, link{}, datastorelock.WithClock(clock.Now)), ServerClock: jumpHarness}
-	})
-}
-
-// The same suite on the system clock, waiting in real time. The ttl is
-// generous: the emulator is a JVM, and on a loaded machine one call can
-// take a second.
-func TestContractRealClock(t *testing.T) {
-	testsvc.Datastore(t)
-	const ttl = 5 * time.Second
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		b, f := contractBackend(t, link{}, datastorelock.WithTTL(ttl))
-		// The history case runs its 10,000 calls in TestContract and
-		// TestContractServerClock/client_ahead; in real time, fewer.
-		return storetest.Harness{Backend: b, TTL: ttl, Step: ttl / 10, Faults: f, HistoryOps: 3000, WithTTL: withTTL(t, link{})}
-	})
-}
-
-// The suite again, with replies that carry the server's time (as the
-// production service's do) while the backend's own clock is hours off.
-func TestContractServerClock(t *testing.T) {
-	testsvc.Datastore(t)
-	for _, c := range []struct {
-		name       string
-		off        time.Duration
-		historyOps int // 0: the history case's full 10,000 calls
-	}{{"client_ahead", skew, 0}, {"client_behind", -skew, 3000}} {
-		t.Run(c.name, func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T) storetest.Harness {
-				server := newClock()
-				b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, c.off)))
-				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: c.historyOps,
-					WithTTL: withTTL(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, c.off)))}
-			})
-		})
-	}
-}
-
-// The operations (store.Operator) by the rules of storetest.RunOps, on the
-// emulator, judged by the backend's own clock (the emulator reports none).
-func TestOps(t *testing.T) {
-	testsvc.Datastore(t)
-	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
-		clock := newClock()
-		b, f := contractBackend(t, link{}, datastorelock.WithClock(clock.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: clock.Advance, Now: clock.Now, Faults: f}
-	})
-}
-
-// The operations again, with replies that carry the server's time (as the
-// production service's do) while the backend's own clock is hours off:
-// Inspect and List report the server's time, and ForceRelease ends the
-// lease by it.
-func TestOpsServerClock(t *testing.T) {
-	testsvc.Datastore(t)
-	for _, c := range []struct {
-		name string
-		off  time.Duration
-	}{{"client_ahead", skew}, {"client_behind", -skew}} {
-		t.Run(c.name, func(t *testing.T) {
-			storetest.RunOps(t, func(t *testing.T) storetest.Harness {
-				server := newClock()
-				b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(skewed(server, c.off)))
-				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
-			})
-		})
-	}
+	doclocktest.RunContract(t, driver{}, doclocktest.Tuning{ServerClockHistoryOps: [2]int{0, 3000}, RealClock: true})
 }
 
 // New takes the connection and project as given: it refuses a nil
@@ -158,97 +89,25 @@ func TestDialReadsTheProjectFromTheEnvironment(t *testing.T) {
 	}
 }
 
-// New builds a working backend on a connection the test dialled, and the
-// backend's Close leaves that connection open and usable.
-func TestNewOnACallersConnectionLeavesItOpen(t *testing.T) {
+// The constructors' cases (doclocktest.RunConns): New on a caller's
+// connection, and Dial's Close.
+func TestConns(t *testing.T) { doclocktest.RunConns(t, driver{}, driver{}) }
+
+func (driver) OnConn(t *testing.T) (func(string) (doclocktest.Backend, io.Closer, error), func() bool) {
 	conn := dialEmulator(t, testsvc.Datastore(t))
-	ctx := t.Context()
-	ns := namespace()
-	b, err := datastorelock.New(conn, project, datastorelock.WithNamespace(ns))
-	if err != nil {
-		t.Fatal(err)
+	newOn := func(space string) (doclocktest.Backend, io.Closer, error) {
+		b, err := datastorelock.New(conn, project, datastorelock.WithNamespace(space))
+		return b, b, err
 	}
-	r, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
-		t.Fatalf("complete: %v %v", ok, err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	if s := conn.GetState(); s == connectivity.Shutdown {
-		t.Fatalf("the caller's connection is %v after the backend's Close", s)
-	}
-	again, err := datastorelock.New(conn, project, datastorelock.WithNamespace(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r, err := again.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
-		t.Fatalf("a claim on the same connection after the first backend's Close: %v %v, want already done", r.Outcome, err)
-	}
+	return newOn, func() bool { return conn.GetState() == connectivity.Shutdown }
 }
 
-// Dial's backend owns the connection it dialled: its Close closes it, and
-// a call after that fails at once (Canceled: the connection is closing)
-// instead of reaching the service.
-func TestDialCloseClosesItsConnection(t *testing.T) {
-	testsvc.Datastore(t) // sets DATASTORE_EMULATOR_HOST
-	ctx := t.Context()
-	b, err := datastorelock.Dial(ctx, project, datastorelock.WithNamespace(namespace()))
+func (driver) Dial(t *testing.T, space string) (doclocktest.Backend, io.Closer, error) {
+	b, err := datastorelock.Dial(t.Context(), project, datastorelock.WithNamespace(space))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	_, err = b.Claim(ctx, "k2", time.Minute)
-	if status.Code(err) != codes.Canceled || ctx.Err() != nil {
-		t.Fatalf("claim after Close: %v, want the closed connection's Canceled", err)
-	}
-}
-
-// RPCs per delivery, on the emulator (the client's clock) and with replies
-// that carry the server's time (the production service).
-func TestRPCsPerDelivery(t *testing.T) {
-	testsvc.Datastore(t)
-	for _, mode := range []string{"client_clock", "server_clock"} {
-		t.Run(mode, func(t *testing.T) {
-			clock := newClock()
-			var l link
-			if mode == "server_clock" {
-				l.server = clock.Now
-			}
-			b, r := newBackendVia(t, l, datastorelock.WithClock(clock.Now))
-			ctx := t.Context()
-			check := func(what string, want int, run func()) {
-				t.Helper()
-				r.take()
-				run()
-				if calls := r.take(); len(calls) != want {
-					t.Errorf("%s: %d RPCs %v, want %d", what, len(calls), calls, want)
-				}
-			}
-			check("a backend's first delivery (lookup for the clock + insert + versioned update)", 3, func() { idempotency.Lock(ctx, b, "first", noop) })
-			check("fresh key (insert + versioned update)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
-			check("duplicate (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
-			b.Claim(ctx, "crashed", time.Minute)
-			check("held by a live lease (insert refused + lookup)", 2, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-			clock.Advance(2 * time.Minute)
-			if mode == "server_clock" {
-				// The server's time is two minutes old: read first.
-				check("reclaim after the lease (lookup + update, then update)", 3, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-			} else {
-				check("reclaim after the lease (insert refused + lookup + update, then update)", 4, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-			}
-			check("mutex (insert + versioned update)", 2, func() { idempotency.Mutex(ctx, b, "po", noop) })
-			check("mutex again (insert refused + lookup + update, then update)", 4, func() { idempotency.Mutex(ctx, b, "po", noop) })
-		})
-	}
+	return b, b, nil
 }
 
 // Two processes, each with eight goroutines, race one key: one wins.
@@ -257,15 +116,5 @@ func TestTwoProcessesRaceOneKey(t *testing.T) {
 	won, held := testsvc.RaceProcesses(t, "DATASTORE_EMULATOR_HOST="+addr, "HELPER_NS="+namespace())
 	if won != 1 || held != 15 {
 		t.Fatalf("won %d, held %d across 16 racers in 2 processes; want 1 and 15", won, held)
-	}
-}
-
-// withTTL is the suite's Harness.WithTTL: a backend built as
-// newBackendVia builds one on link l with opts, and the given ttl (its
-// records apart from the case's backend's).
-func withTTL(t *testing.T, l link, opts ...datastorelock.Option) func(time.Duration) store.Backend {
-	return func(ttl time.Duration) store.Backend {
-		b, _ := newBackendVia(t, l, append(opts[:len(opts):len(opts)], datastorelock.WithTTL(ttl))...)
-		return b
 	}
 }

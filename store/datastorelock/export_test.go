@@ -1,11 +1,13 @@
 package datastorelock
 
+import "github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
+
 // KeyOf exposes keyOf, the inverse of Name, to the tests.
 var KeyOf = keyOf
 
 // The constructors' errors, for errors.Is in the tests.
 var (
-	ErrNilConn       = errNilConn
-	ErrNoProject     = errNoProject
-	ErrClientOptions = errClientOptions
+	ErrNilConn       = doclock.ErrNilConn
+	ErrNoProject     = doclock.ErrNoProject
+	ErrClientOptions = doclock.ErrClientOptions
 )

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
-	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
@@ -57,26 +55,10 @@ func namespace() string { return fmt.Sprintf("t%016x", rand.Uint64()) }
 // newClock returns a fake clock at the instant the tests start from.
 func newClock() *fake.Clock { return fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) }
 
-func noop(context.Context) error { return nil }
-
-// rpcs counts the RPCs a backend sends and can lose a reply after the
-// server applied the request.
+// rpcs counts the RPCs a backend sends and injects their faults
+// (doclocktest.Calls), with Datastore's own hooks.
 type rpcs struct {
-	mu    sync.Mutex
-	calls []string
-	// loseNext loses the reply of the next RPC, whatever its method.
-	loseNext atomic.Bool
-	// loseNextCommit loses the reply of the next Commit.
-	loseNextCommit atomic.Bool
-	// dropNextCommit fails the next Commit without sending it.
-	dropNextCommit atomic.Bool
-	// abortNextCommit answers the next Commit, which applied, with Aborted
-	// (a resent commit refused as aborted after the first applied).
-	abortNextCommit atomic.Bool
-	lost            atomic.Int32
-	// whileLost, when set, runs after a reply was lost or a request
-	// dropped, before the backend hears of it.
-	whileLost func()
+	*doclocktest.Calls
 	// afterLookup, when set, runs when a Lookup's reply has arrived,
 	// before the backend hears of it.
 	afterLookup func()
@@ -88,18 +70,11 @@ type rpcs struct {
 }
 
 func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	name := method[strings.LastIndexByte(method, '/')+1:]
-	r.mu.Lock()
-	r.calls = append(r.calls, name)
-	r.mu.Unlock()
-	if name == "Commit" && r.dropNextCommit.CompareAndSwap(true, false) {
-		r.lose()
-		return status.Error(codes.Unavailable, "injected: the commit was lost before it reached the server")
+	name, f := r.Before(method)
+	if f != nil {
+		return fault(f)
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
-	if err == nil && name == "Commit" && r.abortNextCommit.CompareAndSwap(true, false) {
-		return status.Error(codes.Aborted, "injected: the commit applied but was answered Aborted")
-	}
 	if err == nil && name == "Lookup" && r.afterLookup != nil {
 		r.afterLookup()
 	}
@@ -110,28 +85,14 @@ func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc 
 	if lr, ok := req.(*pb.LookupRequest); ok && err == nil && lr.GetReadOptions().GetTransaction() != nil && r.afterTxLookup != nil {
 		r.afterTxLookup()
 	}
-	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
-		r.lose()
-		return status.Error(codes.Unavailable, "injected: the request applied but its reply was lost")
+	if f := r.After(name, err); f != nil {
+		return fault(f)
 	}
 	return err
 }
 
-// lose counts a lost reply or dropped request and runs whileLost.
-func (r *rpcs) lose() {
-	r.lost.Add(1)
-	if r.whileLost != nil {
-		r.whileLost()
-	}
-}
-
-func (r *rpcs) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c := r.calls
-	r.calls = nil
-	return c
-}
+// fault is the gRPC error of an injected fault.
+func fault(f *doclocktest.Fault) error { return status.Error(codes.Code(f.Code), f.Msg) }
 
 // serverTime stands in for the production service's clock, which the
 // emulator does not report: it fills read_time into Lookup and RunQuery
@@ -191,7 +152,7 @@ func newBackend(t testing.TB, opts ...datastorelock.Option) (*datastorelock.Back
 func newBackendVia(t testing.TB, l link, opts ...datastorelock.Option) (*datastorelock.Backend, *rpcs) {
 	t.Helper()
 	addr := testsvc.Datastore(t)
-	r := &rpcs{}
+	r := &rpcs{Calls: &doclocktest.Calls{}}
 	chain := []grpc.UnaryClientInterceptor{r.intercept}
 	if l.server != nil {
 		chain = append(chain, serverTime(l.server).intercept)
@@ -224,7 +185,7 @@ type faults struct {
 	p *testsvc.DropProxy
 }
 
-func (f faults) LoseNextReply()  { f.r.loseNext.Store(true) }
+func (f faults) LoseNextReply()  { f.r.LoseNext.Store(true) }
 func (f faults) CutConnections() { f.p.CutConnections() }
 
 // contractBackend is a backend for the contract suite, reached through a
@@ -235,35 +196,9 @@ func contractBackend(t *testing.T, l link, opts ...datastorelock.Option) (*datas
 	return b, faults{r: r, p: l.proxy}
 }
 
-// twoOnOneClock returns two backends on one namespace and one fake clock
-// (the emulator's replies carry no server time, so both judge by it).
-func twoOnOneClock(t *testing.T) (a *datastorelock.Backend, ra *rpcs, b *datastorelock.Backend, clock *fake.Clock) {
-	clock = newClock()
-	ns := namespace()
-	a, ra = newBackend(t, datastorelock.WithNamespace(ns), datastorelock.WithClock(clock.Now))
-	b, _ = newBackend(t, datastorelock.WithNamespace(ns), datastorelock.WithClock(clock.Now))
-	return a, ra, b, clock
-}
-
-// skew is how far the client clocks of the server-clock tests are off: more
-// than a lease and more than a ttl.
-const skew = 3 * time.Hour
-
 // skewed is a client clock that reads server's time off by d.
 func skewed(server *fake.Clock, d time.Duration) func() time.Time {
 	return func() time.Time { return server.Now().Add(d) }
-}
-
-// Two instances whose clocks are off the server's by skew (hours: more
-// than a lease and more than a ttl), in each direction.
-var skews = []struct {
-	name          string
-	holder, other time.Duration
-}{
-	{"holder_behind_other_ahead", -skew, skew},
-	{"holder_ahead_other_behind", skew, -skew},
-	{"holder_on_time_other_ahead", 0, skew},
-	{"holder_behind_other_on_time", -skew, 0},
 }
 
 // The lease and ttl of the server-clock tests.
@@ -280,59 +215,4 @@ func onServer(t *testing.T, server *fake.Clock, ns string, off time.Duration) *d
 	b, _ := newBackendVia(t, link{server: server.Now},
 		datastorelock.WithNamespace(ns), datastorelock.WithTTL(scTTL), datastorelock.WithClock(skewed(server, off)))
 	return b
-}
-
-// twoOnServer returns a server clock and two backends on one namespace
-// whose replies carry its time, their own clocks off it by holderOff and
-// otherOff.
-func twoOnServer(t *testing.T, holderOff, otherOff time.Duration) (server *fake.Clock, holder, other *datastorelock.Backend) {
-	t.Helper()
-	server = newClock()
-	ns := namespace()
-	return server, onServer(t, server, ns, holderOff), onServer(t, server, ns, otherOff)
-}
-
-// eachSkew runs test once for each of skews, as a subtest, on a server
-// clock and two backends whose own clocks are off it that way.
-func eachSkew(t *testing.T, test func(t *testing.T, server *fake.Clock, holder, other *datastorelock.Backend)) {
-	testsvc.Datastore(t)
-	for _, sk := range skews {
-		t.Run(sk.name, func(t *testing.T) {
-			server, holder, other := twoOnServer(t, sk.holder, sk.other)
-			test(t, server, holder, other)
-		})
-	}
-}
-
-// heldWithALostCommitNext returns two backends on one fake clock, the first
-// holding key "k" for a minute with claim c, and the reply of its next
-// Commit set to be lost.
-func heldWithALostCommitNext(t *testing.T) (a *datastorelock.Backend, ra *rpcs, b *datastorelock.Backend, clock *fake.Clock, c store.Claim) {
-	t.Helper()
-	testsvc.Datastore(t)
-	a, ra, b, clock = twoOnOneClock(t)
-	r, err := a.Claim(t.Context(), "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	ra.loseNextCommit.Store(true)
-	return a, ra, b, clock, r.Claim
-}
-
-// jumpHarness is the contract suite's backend on a server clock that jumps
-// (storetest.JumpHarness): its replies carry the server's time, and its own
-// clock reads that minus every jump, so what it estimated of the server's
-// time before a jump stays where it was.
-func jumpHarness(t *testing.T) storetest.JumpHarness {
-	server := newClock()
-	var jumped atomic.Int64
-	client := func() time.Time { return server.Now().Add(-time.Duration(jumped.Load())) }
-	b, f := contractBackend(t, link{server: server.Now}, datastorelock.WithClock(client))
-	return storetest.JumpHarness{
-		Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f},
-		Jump: func(d time.Duration) {
-			jumped.Add(int64(d))
-			server.Advance(d)
-		},
-	}
 }

@@ -22,17 +22,9 @@ func (b *Backend) retry(ctx context.Context, op func() error) error {
 	return b.policy.Do(ctx, func(int) error { return op() }, retryable)
 }
 
-// retryable reports whether an RPC that failed with err is sent again:
-// Unavailable, Aborted, ResourceExhausted and Internal, and
-// DeadlineExceeded, which here is a per-call deadline of the transport
-// (when ctx itself has ended, retry stops before asking).
-func retryable(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.Aborted, codes.ResourceExhausted, codes.Internal, codes.DeadlineExceeded:
-		return true
-	}
-	return false
-}
+// retryable reports whether an RPC that failed with err is sent again
+// (doclock.Retryable: the transient codes).
+func retryable(err error) bool { return doclock.Retryable(uint32(status.Code(err))) }
 
 // requests are the Backend's RPCs as the shared lock asks for them.
 type requests struct{ b *Backend }
@@ -134,15 +126,8 @@ func commitTime(res *pb.CommitResponse) *timestamppb.Timestamp {
 }
 
 // mayHaveApplied reports whether a Commit that failed with err may have
-// been applied all the same (its reply was lost, or the call was cut).
-func mayHaveApplied(err error) bool {
-	switch status.Code(err) {
-	case codes.AlreadyExists, codes.NotFound, codes.InvalidArgument, codes.FailedPrecondition,
-		codes.PermissionDenied, codes.Unauthenticated, codes.OutOfRange, codes.Unimplemented:
-		return false
-	}
-	return true
-}
+// been applied all the same (doclock.MayHaveApplied).
+func mayHaveApplied(err error) bool { return doclock.MayHaveApplied(uint32(status.Code(err))) }
 
 // write commits one mutation outside any transaction and returns the
 // entity's new version and the commit's server time (zero when the reply

@@ -2,154 +2,57 @@ package datastorelock_test
 
 import (
 	"context"
-	"errors"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
+// The cases of the retries (doclocktest.RunScripted), on connections that
+// never reach a server.
+func TestScripted(t *testing.T) { doclocktest.RunScripted(t, driver{}) }
+
 // scriptedConn is a connection that never reaches a server: it answers
-// each call with what answer returns for it (nil leaves the reply empty:
-// a Lookup finds nothing, with no read_time, as on the emulator), and
-// counts the calls by method.
+// each call with what answer returns for its kind (nil leaves the reply
+// empty: a Lookup finds nothing, with no read_time, as on the emulator),
+// and counts the calls by kind. Datastore's calls are all unary.
 type scriptedConn struct {
-	lookups, commits, others atomic.Int32
-	answer                   func(ctx context.Context, method string) error
+	n      *doclocktest.Counts
+	answer func(ctx context.Context, kind string) error
 }
 
-func (c *scriptedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+func (c scriptedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	kind := "other"
 	switch method {
 	case "/google.datastore.v1.Datastore/Lookup":
-		c.lookups.Add(1)
+		kind = "read"
+		c.n.Reads.Add(1)
 	case "/google.datastore.v1.Datastore/Commit":
-		c.commits.Add(1)
+		kind = "commit"
+		c.n.Commits.Add(1)
 	default:
-		c.others.Add(1)
+		c.n.Others.Add(1)
 	}
-	return c.answer(ctx, method)
+	return c.answer(ctx, kind)
 }
 
-func (c *scriptedConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallOption) (grpc.ClientStream, error) {
+func (c scriptedConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallOption) (grpc.ClientStream, error) {
 	return nil, status.Error(codes.Unimplemented, "scriptedConn has no streams")
 }
 
-func (c *scriptedConn) calls() int32 { return c.lookups.Load() + c.commits.Load() + c.others.Load() }
-
-// failing returns a scriptedConn whose every call fails with code.
-func failing(code codes.Code) *scriptedConn {
-	return &scriptedConn{answer: func(context.Context, string) error { return status.Error(code, "scripted failure") }}
-}
-
-func newOn(t *testing.T, conn *scriptedConn, opts ...datastorelock.Option) *datastorelock.Backend {
+func (driver) NewScripted(t testing.TB, c doclocktest.Config, answer func(ctx context.Context, kind string) error) (doclocktest.Backend, *doclocktest.Counts) {
 	t.Helper()
-	b, err := datastorelock.New(conn, project, opts...)
+	n := &doclocktest.Counts{}
+	b, err := datastorelock.New(scriptedConn{n: n, answer: answer}, project, options(c)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return b, n
 }
 
-// retryable is the exact set of codes after which an RPC is sent again.
-var retryable = map[codes.Code]bool{
-	codes.Unavailable: true, codes.Aborted: true, codes.ResourceExhausted: true, codes.Internal: true,
-	codes.DeadlineExceeded: true, // a per-call deadline of the transport, while ctx is live
-}
-
-// Every RPC is sent again after the transient codes, WithRetries times,
-// and after no other code; the call's error carries the last code.
-func TestRetriesExactlyTheTransientCodes(t *testing.T) {
-	const retries = 3
-	for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
-		t.Run(code.String(), func(t *testing.T) {
-			conn := failing(code)
-			b := newOn(t, conn, datastorelock.WithRetries(retries))
-			_, err := b.Claim(t.Context(), "k", time.Minute) // a first claim reads first
-			want := int32(1)
-			if retryable[code] {
-				want = retries + 1
-			}
-			if got := conn.lookups.Load(); got != want || conn.calls() != got || status.Code(err) != code {
-				t.Fatalf("%d lookups (%d calls in all), err %v; want %d lookups and the error's code %v", got, conn.calls(), err, want, code)
-			}
-		})
-	}
-}
-
-// Writes are retried like reads, and WithRetries(0) sends every RPC once.
-func TestWithRetriesBoundsWritesAndReads(t *testing.T) {
-	for _, retries := range []int{0, 2} {
-		// The lookup finds nothing; the insert that follows fails.
-		conn := &scriptedConn{answer: func(_ context.Context, method string) error {
-			if method == "/google.datastore.v1.Datastore/Commit" {
-				return status.Error(codes.Unavailable, "scripted failure")
-			}
-			return nil
-		}}
-		b := newOn(t, conn, datastorelock.WithRetries(retries))
-		_, err := b.Claim(t.Context(), "k", time.Minute)
-		if got := conn.commits.Load(); got != int32(retries+1) || conn.lookups.Load() != 1 || status.Code(err) != codes.Unavailable {
-			t.Errorf("WithRetries(%d): %d commits after %d lookups, err %v; want %d commits after 1 lookup, Unavailable",
-				retries, got, conn.lookups.Load(), err, retries+1)
-		}
-	}
-}
-
-// A ctx that ends during an RPC that then fails stops the retries, and the
-// error wraps both the ctx's error and the RPC's, for errors.Is and
-// status.Code.
-func TestContextEndingDuringACallWrapsBothErrors(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	conn := &scriptedConn{answer: func(context.Context, string) error {
-		cancel()
-		return status.Error(codes.Unavailable, "scripted failure")
-	}}
-	b := newOn(t, conn)
-	_, err := b.Claim(ctx, "k", time.Minute)
-	if !errors.Is(err, context.Canceled) || status.Code(err) != codes.Unavailable || conn.calls() != 1 {
-		t.Fatalf("err %v after %d calls; want one call and an error wrapping context.Canceled and Unavailable", err, conn.calls())
-	}
-}
-
-// A ctx that ends while the backend waits to retry ends the wait, and the
-// error wraps both the ctx's error and the last RPC's.
-func TestContextEndingDuringTheWaitWrapsBothErrors(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	conn := failing(codes.Unavailable)
-	b := newOn(t, conn, datastorelock.WithRetries(1_000_000))
-	start := time.Now()
-	_, err := b.Claim(ctx, "k", time.Minute)
-	if !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.Unavailable {
-		t.Fatalf("err %v; want one wrapping context.DeadlineExceeded and Unavailable", err)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("the call took %v after its ctx's 50ms deadline", d)
-	}
-}
-
-// No method sends anything on a ctx that has ended, and each returns an
-// error wrapping the ctx's.
-func TestAnEndedContextSendsNothing(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	c := store.Claim{Key: "k", Fence: 1, Token: "t", LeaseExpiry: time.Now().Add(time.Minute), Rev: 1}
-	for name, call := range map[string]func(*datastorelock.Backend) error{
-		"claim":    func(b *datastorelock.Backend) error { _, err := b.Claim(ctx, "k", time.Minute); return err },
-		"complete": func(b *datastorelock.Backend) error { _, err := b.Complete(ctx, c); return err },
-		"release":  func(b *datastorelock.Backend) error { return b.Release(ctx, c) },
-		"extend":   func(b *datastorelock.Backend) error { _, err := b.Extend(ctx, c, time.Minute); return err },
-		"purge":    func(b *datastorelock.Backend) error { _, err := b.PurgeExpired(ctx, 0); return err },
-	} {
-		conn := failing(codes.Unavailable)
-		if err := call(newOn(t, conn)); !errors.Is(err, context.Canceled) || conn.calls() != 0 {
-			t.Errorf("%s: err %v after %d calls; want context.Canceled and none", name, err, conn.calls())
-		}
-	}
-}
+func (driver) Status(code uint32) error { return status.Error(codes.Code(code), "scripted failure") }
+func (driver) Code(err error) uint32    { return uint32(status.Code(err)) }

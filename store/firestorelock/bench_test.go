@@ -2,14 +2,12 @@ package firestorelock_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/firestore"
 
-	"github.com/gcp-pubsub-idempotency/idempotency"
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/bench"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 )
 
@@ -61,72 +59,19 @@ func naiveDelivery(ctx context.Context, c *firestore.Client, coll, key string) e
 // BenchmarkDelivery measures deliveries per second through Lock on the
 // Firestore emulator, beside two naive read-write transactions per
 // delivery with the official client in the same run, at 1 and 16
-// concurrent workers. It reports the RPCs per delivery Lock sent.
+// concurrent workers.
 func BenchmarkDelivery(b *testing.B) {
 	testsvc.Firestore(b) // sets FIRESTORE_EMULATOR_HOST for the client
-	ctx := context.Background()
-	client, err := firestore.NewClient(ctx, project)
+	client, err := firestore.NewClient(context.Background(), project)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer client.Close()
-	for _, workers := range []int{1, 16} {
-		for _, kind := range []string{"naive-2-transactions", "lock"} {
-			b.Run(fmt.Sprintf("%s/workers=%d", kind, workers), func(b *testing.B) {
-				be, r := newBackend(b)
-				coll := collection()
-				run := func(key string) error {
-					if kind == "lock" {
-						return idempotency.Lock(ctx, be, key, noop)
-					}
-					return naiveDelivery(ctx, client, coll, key)
-				}
-				if err := run("warm-up"); err != nil {
-					b.Fatal(err)
-				}
-				r.take()
-				bench.Deliveries(b, workers, run)
-				if kind == "lock" {
-					b.ReportMetric(float64(len(r.take()))/float64(b.N), "RPCs/delivery")
-				}
-			})
-		}
-	}
+	doclocktest.BenchDelivery(b, driver{}, func(ctx context.Context, coll, key string) error { return naiveDelivery(ctx, client, coll, key) })
 }
 
 // BenchmarkCompleteTx measures a delivery that writes one document of its
-// own, on fresh keys: Claim, then CompleteTx with the write in its body
-// (one transaction), beside Claim, a separate transaction with the same
-// write, and a plain Complete.
+// own (doclocktest.BenchCompleteTx).
 func BenchmarkCompleteTx(b *testing.B) {
-	s := newSink(b)
-	ctx := context.Background()
-	for _, kind := range []string{"plain-complete+write-transaction", "complete-tx"} {
-		b.Run(kind, func(b *testing.B) {
-			be, _ := newBackend(b)
-			i := 0
-			for b.Loop() {
-				i++
-				key := fmt.Sprintf("%s-%d", kind, i)
-				r, err := be.Claim(ctx, key, time.Minute)
-				if err != nil {
-					b.Fatal(err)
-				}
-				var ok bool
-				if kind == "complete-tx" {
-					ok, err = be.CompleteTx(ctx, r.Claim, "", func(ctx context.Context, tx *firestore.Transaction) error {
-						return s.write(tx, key)
-					})
-				} else {
-					if err = s.client.RunTransaction(ctx, func(ctx context.Context, tx *firestore.Transaction) error { return s.write(tx, key) }); err != nil {
-						b.Fatal(err)
-					}
-					ok, err = be.Complete(ctx, r.Claim)
-				}
-				if !ok || err != nil {
-					b.Fatal(ok, err)
-				}
-			}
-		})
-	}
+	doclocktest.BenchCompleteTx[*firestore.Transaction](b, driver{})
 }

@@ -138,11 +138,9 @@ package firestorelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"reflect"
 	"strings"
 	"time"
 
@@ -256,13 +254,6 @@ var (
 	_ store.Fingerprinter = (*Backend)(nil)
 )
 
-// Errors of the constructors, for errors.Is in this package's tests.
-var (
-	errNilConn       = errors.New("firestorelock: nil gRPC connection")
-	errNoProject     = errors.New("firestorelock: no project ID")
-	errClientOptions = errors.New("firestorelock: WithClientOptions configures the connection Dial opens; New does not dial")
-)
-
 // New builds a Backend for project on conn, an existing gRPC connection
 // to Firestore (or to the emulator) with whatever credentials and
 // interceptors its owner gave it; for example a [*grpc.ClientConn], or the
@@ -276,18 +267,15 @@ var (
 // an empty project, an invalid option, and on [WithClientOptions], which
 // only a dial can honour.
 func New(conn grpc.ClientConnInterface, project string, opts ...Option) (*Backend, error) {
-	if conn == nil || isNilPointer(conn) {
-		return nil, fmt.Errorf("%w passed to New", errNilConn)
-	}
-	if project == "" {
-		return nil, fmt.Errorf("%w passed to New (New reads none from the environment; Dial does)", errNoProject)
+	if err := doclock.CheckNew("firestorelock", conn, project, false); err != nil {
+		return nil, err
 	}
 	b, err := configure(project, opts)
 	if err != nil {
 		return nil, err
 	}
-	if b.clientOptsSet {
-		return nil, fmt.Errorf("%w: configure the connection you pass to New instead", errClientOptions)
+	if err := doclock.CheckNew("firestorelock", conn, project, b.clientOptsSet); err != nil {
+		return nil, err
 	}
 	b.attach(conn, nil)
 	return b, nil
@@ -307,7 +295,7 @@ func Dial(ctx context.Context, project string, opts ...Option) (*Backend, error)
 		}
 	}
 	if project == "" {
-		return nil, fmt.Errorf("%w (pass one, or set GOOGLE_CLOUD_PROJECT)", errNoProject)
+		return nil, fmt.Errorf("firestorelock: %w (pass one, or set GOOGLE_CLOUD_PROJECT)", doclock.ErrNoProject)
 	}
 	b, err := configure(project, opts)
 	if err != nil {
@@ -372,13 +360,6 @@ func (b *Backend) attach(conn grpc.ClientConnInterface, owned io.Closer) {
 	b.db = "projects/" + b.project + "/databases/" + b.database
 	b.docs = b.db + "/documents/" + b.collection + "/"
 	b.md = metadata.Pairs("google-cloud-resource-prefix", b.db, "x-goog-request-params", "database="+b.db)
-}
-
-// isNilPointer reports whether v holds a nil pointer (a typed nil
-// *grpc.ClientConn, say), which would fail only at the first call.
-func isNilPointer(v any) bool {
-	r := reflect.ValueOf(v)
-	return r.Kind() == reflect.Pointer && r.IsNil()
 }
 
 // Close closes the connection that [Dial] opened. A Backend from [New]

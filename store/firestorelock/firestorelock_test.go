@@ -2,81 +2,27 @@ package firestorelock_test
 
 import (
 	"errors"
+	"io"
 	"testing"
 	"time"
 
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/status"
 
-	"github.com/gcp-pubsub-idempotency/idempotency"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
 
-// The contract suite with replies that carry a fake server clock the
-// suite advances, which the backend's own clock reads too.
+// storetest's suites (the contract and the operations) on the Firestore
+// emulator, through doclocktest. The Firestore emulator is slower than the
+// Datastore one: the server-clock history runs 1,000 calls each way, and
+// the real-time contract is left to Datastore, as before this suite was
+// shared.
 func TestContract(t *testing.T) {
-	testsvc.Firestore(t)
-	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		server := newClock()
-		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f,
-			WithTTL: withTTL(t, link{server: server.Now}, firestorelock.WithClock(server.Now)), ServerClock: jumpHarness}
-	})
-}
-
-// The suite again, with the server's clock driven while the backend's own
-// clock is hours off it.
-func TestContractServerClock(t *testing.T) {
-	testsvc.Firestore(t)
-	for _, c := range []struct {
-		name string
-		off  time.Duration
-	}{{"client_ahead", skew}, {"client_behind", -skew}} {
-		t.Run(c.name, func(t *testing.T) {
-			storetest.Run(t, func(t *testing.T) storetest.Harness {
-				server := newClock()
-				b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))
-				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f, HistoryOps: 1000,
-					WithTTL: withTTL(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))}
-			})
-		})
-	}
-}
-
-// The operations (store.Operator) by the rules of storetest.RunOps, on the
-// emulator, with the server's time driven by the test.
-func TestOps(t *testing.T) {
-	testsvc.Firestore(t)
-	storetest.RunOps(t, func(t *testing.T) storetest.Harness {
-		server := newClock()
-		b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(server.Now))
-		return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
-	})
-}
-
-// The operations again with the backend's own clock hours off the
-// server's: Inspect and List report the server's time, and ForceRelease
-// ends the lease by it.
-func TestOpsServerClock(t *testing.T) {
-	testsvc.Firestore(t)
-	for _, c := range []struct {
-		name string
-		off  time.Duration
-	}{{"client_ahead", skew}, {"client_behind", -skew}} {
-		t.Run(c.name, func(t *testing.T) {
-			storetest.RunOps(t, func(t *testing.T) storetest.Harness {
-				server := newClock()
-				b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(skewed(server, c.off)))
-				return storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f}
-			})
-		})
-	}
+	doclocktest.RunContract(t, driver{}, doclocktest.Tuning{ServerClockHistoryOps: [2]int{1000, 1000}})
 }
 
 // New takes the connection and project as given: it refuses a nil
@@ -145,89 +91,25 @@ func TestDialReadsTheProjectFromTheEnvironment(t *testing.T) {
 	}
 }
 
-// New builds a working backend on a connection the test dialled, and the
-// backend's Close leaves that connection open and usable.
-func TestNewOnACallersConnectionLeavesItOpen(t *testing.T) {
+// The constructors' cases (doclocktest.RunConns): New on a caller's
+// connection, and Dial's Close.
+func TestConns(t *testing.T) { doclocktest.RunConns(t, driver{}, driver{}) }
+
+func (driver) OnConn(t *testing.T) (func(string) (doclocktest.Backend, io.Closer, error), func() bool) {
 	conn := dialEmulator(t, testsvc.Firestore(t))
-	ctx := t.Context()
-	coll := collection()
-	b, err := firestorelock.New(conn, project, firestorelock.WithCollection(coll))
-	if err != nil {
-		t.Fatal(err)
+	newOn := func(space string) (doclocktest.Backend, io.Closer, error) {
+		b, err := firestorelock.New(conn, project, firestorelock.WithCollection(space))
+		return b, b, err
 	}
-	r, err := b.Claim(ctx, "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	if ok, err := b.Complete(ctx, r.Claim); !ok || err != nil {
-		t.Fatalf("complete: %v %v", ok, err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	if s := conn.GetState(); s == connectivity.Shutdown {
-		t.Fatalf("the caller's connection is %v after the backend's Close", s)
-	}
-	again, err := firestorelock.New(conn, project, firestorelock.WithCollection(coll))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r, err := again.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.AlreadyDone {
-		t.Fatalf("a claim on the same connection after the first backend's Close: %v %v, want already done", r.Outcome, err)
-	}
+	return newOn, func() bool { return conn.GetState() == connectivity.Shutdown }
 }
 
-// Dial's backend owns the connection it dialled: its Close closes it, and
-// a call after that fails at once (Canceled: the connection is closing)
-// instead of reaching the service.
-func TestDialCloseClosesItsConnection(t *testing.T) {
-	testsvc.Firestore(t) // sets FIRESTORE_EMULATOR_HOST
-	ctx := t.Context()
-	b, err := firestorelock.Dial(ctx, project, firestorelock.WithCollection(collection()))
+func (driver) Dial(t *testing.T, space string) (doclocktest.Backend, io.Closer, error) {
+	b, err := firestorelock.Dial(t.Context(), project, firestorelock.WithCollection(space))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	if err := b.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	_, err = b.Claim(ctx, "k2", time.Minute)
-	if status.Code(err) != codes.Canceled || ctx.Err() != nil {
-		t.Fatalf("claim after Close: %v, want the closed connection's Canceled", err)
-	}
-}
-
-// RPCs per delivery, counted by a gRPC interceptor (unary and streaming
-// calls), on the server's clock: a delivery to a fresh key is 2 RPCs, a
-// create and a preconditioned completion.
-func TestRPCsPerDelivery(t *testing.T) {
-	testsvc.Firestore(t)
-	clock := newClock()
-	b, r := onClock(t, clock)
-	ctx := t.Context()
-	check := func(what string, want int, run func()) {
-		t.Helper()
-		r.take()
-		run()
-		if calls := r.take(); len(calls) != want {
-			t.Errorf("%s: %d RPCs %v, want %d", what, len(calls), calls, want)
-		}
-	}
-	check("a backend's first delivery (read for the clock + create + preconditioned update)", 3, func() { idempotency.Lock(ctx, b, "first", noop) })
-	check("fresh key (create + preconditioned update)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
-	check("duplicate (create refused + read)", 2, func() { idempotency.Lock(ctx, b, "fresh", noop) })
-	b.Claim(ctx, "crashed", time.Minute)
-	check("held by a live lease (create refused + read)", 2, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-	clock.Advance(2 * time.Minute)
-	// The server's time is two minutes old: read first.
-	check("reclaim after the lease (read + update, then update)", 3, func() { idempotency.Lock(ctx, b, "crashed", noop) })
-	check("mutex (create + preconditioned update)", 2, func() { idempotency.Mutex(ctx, b, "po", noop) })
-	check("mutex again (create refused + read + update, then update)", 4, func() { idempotency.Mutex(ctx, b, "po", noop) })
-	c, _ := b.Claim(ctx, "ext", time.Minute)
-	check("extend (preconditioned update)", 1, func() { b.Extend(ctx, c.Claim, time.Minute) })
-	check("release (preconditioned update)", 1, func() { b.Release(ctx, c.Claim) })
+	return b, b, nil
 }
 
 // Two processes, each with eight goroutines, race one key: one wins.
@@ -236,15 +118,5 @@ func TestTwoProcessesRaceOneKey(t *testing.T) {
 	won, held := testsvc.RaceProcesses(t, "FIRESTORE_EMULATOR_HOST="+addr, "HELPER_COLLECTION="+collection())
 	if won != 1 || held != 15 {
 		t.Fatalf("won %d, held %d across 16 racers in 2 processes; want 1 and 15", won, held)
-	}
-}
-
-// withTTL is the suite's Harness.WithTTL: a backend built as
-// newBackendVia builds one on link l with opts, and the given ttl (its
-// records apart from the case's backend's).
-func withTTL(t *testing.T, l link, opts ...firestorelock.Option) func(time.Duration) store.Backend {
-	return func(ttl time.Duration) store.Backend {
-		b, _ := newBackendVia(t, l, append(opts[:len(opts):len(opts)], firestorelock.WithTTL(ttl))...)
-		return b
 	}
 }

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,9 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/fake"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
-	"github.com/gcp-pubsub-idempotency/idempotency/store"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/storetest"
 )
@@ -55,58 +51,27 @@ func raceChild() int {
 // collection returns a collection ID of the test's own.
 func collection() string { return fmt.Sprintf("t%016x", rand.Uint64()) }
 
-// newClock returns a fake clock at the instant the tests start from.
-func newClock() *fake.Clock { return fake.NewClock(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) }
+// rpcs counts the RPCs a backend sends (unary and streaming) and injects
+// their faults (doclocktest.Calls).
+type rpcs struct{ *doclocktest.Calls }
 
-func noop(context.Context) error { return nil }
-
-// rpcs counts the RPCs a backend sends (unary and streaming) and can lose
-// a reply after the server applied the request.
-type rpcs struct {
-	mu    sync.Mutex
-	calls []string
-	// loseNext loses the reply of the next RPC, whatever its method.
-	loseNext atomic.Bool
-	// loseNextCommit loses the reply of the next Commit.
-	loseNextCommit atomic.Bool
-	// dropNextCommit fails the next Commit without sending it.
-	dropNextCommit atomic.Bool
-	// abortNextCommit answers the next Commit, which applied, with Aborted
-	// (a resent commit refused as aborted after the first applied).
-	abortNextCommit atomic.Bool
-	lost            atomic.Int32
-	// whileLost, when set, runs after a reply was lost or a request
-	// dropped, before the backend hears of it.
-	whileLost func()
-}
-
-func (r *rpcs) count(method string) string {
-	name := method[strings.LastIndexByte(method, '/')+1:]
-	r.mu.Lock()
-	r.calls = append(r.calls, name)
-	r.mu.Unlock()
-	return name
-}
-
-func (r *rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	name := r.count(method)
-	if name == "Commit" && r.dropNextCommit.CompareAndSwap(true, false) {
-		r.lose()
-		return status.Error(codes.Unavailable, "injected: the commit was lost before it reached the server")
+func (r rpcs) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	name, f := r.Before(method)
+	if f != nil {
+		return fault(f)
 	}
 	err := invoker(ctx, method, req, reply, cc, opts...)
-	if err == nil && name == "Commit" && r.abortNextCommit.CompareAndSwap(true, false) {
-		return status.Error(codes.Aborted, "injected: the commit applied but was answered Aborted")
-	}
-	if err == nil && (r.loseNext.CompareAndSwap(true, false) || name == "Commit" && r.loseNextCommit.CompareAndSwap(true, false)) {
-		r.lose()
-		return status.Error(codes.Unavailable, "injected: the request applied but its reply was lost")
+	if f := r.After(name, err); f != nil {
+		return fault(f)
 	}
 	return err
 }
 
-func (r *rpcs) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	r.count(method)
+// fault is the gRPC error of an injected fault.
+func fault(f *doclocktest.Fault) error { return status.Error(codes.Code(f.Code), f.Msg) }
+
+func (r rpcs) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	r.Before(method)
 	s, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
 		return nil, err
@@ -118,32 +83,15 @@ func (r *rpcs) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *g
 // lost.
 type losingStream struct {
 	grpc.ClientStream
-	r *rpcs
+	r rpcs
 }
 
 func (s *losingStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
-	if err == nil && s.r.loseNext.CompareAndSwap(true, false) {
-		s.r.lose()
+	if err == nil && s.r.LoseStreamed() {
 		return status.Error(codes.Unavailable, "injected: the reply was lost")
 	}
 	return err
-}
-
-// lose counts a lost reply or dropped request and runs whileLost.
-func (r *rpcs) lose() {
-	r.lost.Add(1)
-	if r.whileLost != nil {
-		r.whileLost()
-	}
-}
-
-func (r *rpcs) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c := r.calls
-	r.calls = nil
-	return c
 }
 
 // serverTime stands in for the service's clock so that tests can drive
@@ -217,18 +165,13 @@ func dialEmulator(t testing.TB, addr string, opts ...grpc.DialOption) *grpc.Clie
 	return conn
 }
 
-func newBackend(t testing.TB, opts ...firestorelock.Option) (*firestorelock.Backend, *rpcs) {
-	t.Helper()
-	return newBackendVia(t, link{}, opts...)
-}
-
 // newBackendVia builds a backend with New, in a collection of its own
 // (unless opts name one), on a connection of the test's own that counts
 // its RPCs and injects their faults.
 func newBackendVia(t testing.TB, l link, opts ...firestorelock.Option) (*firestorelock.Backend, *rpcs) {
 	t.Helper()
 	addr := testsvc.Firestore(t)
-	r := &rpcs{}
+	r := &rpcs{Calls: &doclocktest.Calls{}}
 	unary := []grpc.UnaryClientInterceptor{r.intercept}
 	stream := []grpc.StreamClientInterceptor{r.interceptStream}
 	if l.server != nil {
@@ -263,7 +206,7 @@ type faults struct {
 	p *testsvc.DropProxy
 }
 
-func (f faults) LoseNextReply()  { f.r.loseNext.Store(true) }
+func (f faults) LoseNextReply()  { f.r.LoseNext.Store(true) }
 func (f faults) CutConnections() { f.p.CutConnections() }
 
 // contractBackend is a backend for the contract suite, reached through a
@@ -279,112 +222,5 @@ func contractBackend(t *testing.T, l link, opts ...firestorelock.Option) (*fires
 	return b, faults{r: r, p: l.proxy}
 }
 
-// skew is how far the client clocks of the server-clock tests are off: more
-// than a lease and more than a ttl.
-const skew = 3 * time.Hour
-
-// skewed is a client clock that reads server's time off by d.
-func skewed(server *fake.Clock, d time.Duration) func() time.Time {
-	return func() time.Time { return server.Now().Add(d) }
-}
-
-// Two instances whose clocks are off the server's by skew (hours: more
-// than a lease and more than a ttl), in each direction.
-var skews = []struct {
-	name          string
-	holder, other time.Duration
-}{
-	{"holder_behind_other_ahead", -skew, skew},
-	{"holder_ahead_other_behind", skew, -skew},
-	{"holder_on_time_other_ahead", 0, skew},
-	{"holder_behind_other_on_time", -skew, 0},
-}
-
 // The lease and ttl of the server-clock tests.
-const (
-	scLease = time.Minute
-	scTTL   = 10 * time.Minute
-)
-
-// onServer returns a backend whose replies carry server's time and whose
-// own clock is off it by off.
-func onServer(t *testing.T, server *fake.Clock, coll string, off time.Duration) *firestorelock.Backend {
-	t.Helper()
-	b, _ := newBackendVia(t, link{server: server.Now},
-		firestorelock.WithCollection(coll), firestorelock.WithTTL(scTTL), firestorelock.WithClock(skewed(server, off)))
-	return b
-}
-
-// twoOnServer returns a server clock and two backends on one collection
-// whose replies carry its time, their own clocks off it by holderOff and
-// otherOff.
-func twoOnServer(t *testing.T, holderOff, otherOff time.Duration) (server *fake.Clock, holder, other *firestorelock.Backend) {
-	t.Helper()
-	server = newClock()
-	coll := collection()
-	return server, onServer(t, server, coll, holderOff), onServer(t, server, coll, otherOff)
-}
-
-// eachSkew runs test once for each of skews, as a subtest, on a server
-// clock and two backends whose own clocks are off it that way.
-func eachSkew(t *testing.T, test func(t *testing.T, server *fake.Clock, holder, other *firestorelock.Backend)) {
-	testsvc.Firestore(t)
-	for _, sk := range skews {
-		t.Run(sk.name, func(t *testing.T) {
-			server, holder, other := twoOnServer(t, sk.holder, sk.other)
-			test(t, server, holder, other)
-		})
-	}
-}
-
-// twoOnOneClock returns two backends on one collection whose replies carry
-// the time of one fake clock, which their own clocks read too.
-func twoOnOneClock(t *testing.T) (a *firestorelock.Backend, ra *rpcs, b *firestorelock.Backend, clock *fake.Clock) {
-	t.Helper()
-	clock = newClock()
-	coll := collection()
-	on := link{server: clock.Now}
-	a, ra = newBackendVia(t, on, firestorelock.WithCollection(coll), firestorelock.WithClock(clock.Now))
-	b, _ = newBackendVia(t, on, firestorelock.WithCollection(coll), firestorelock.WithClock(clock.Now))
-	return a, ra, b, clock
-}
-
-// heldWithALostCommitNext returns two backends on one fake clock, the first
-// holding key "k" for a minute with claim c, and the reply of its next
-// Commit set to be lost.
-func heldWithALostCommitNext(t *testing.T) (a *firestorelock.Backend, ra *rpcs, b *firestorelock.Backend, clock *fake.Clock, c store.Claim) {
-	t.Helper()
-	testsvc.Firestore(t)
-	a, ra, b, clock = twoOnOneClock(t)
-	r, err := a.Claim(t.Context(), "k", time.Minute)
-	if err != nil || r.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", r.Outcome, err)
-	}
-	ra.loseNextCommit.Store(true)
-	return a, ra, b, clock, r.Claim
-}
-
-// onClock returns a backend whose replies carry the time of clock, which
-// its own clock reads too.
-func onClock(t testing.TB, clock *fake.Clock, opts ...firestorelock.Option) (*firestorelock.Backend, *rpcs) {
-	t.Helper()
-	return newBackendVia(t, link{server: clock.Now}, append([]firestorelock.Option{firestorelock.WithClock(clock.Now)}, opts...)...)
-}
-
-// jumpHarness is the contract suite's backend on a server clock that jumps
-// (storetest.JumpHarness): its replies carry the server's time, and its own
-// clock reads that minus every jump, so what it estimated of the server's
-// time before a jump stays where it was.
-func jumpHarness(t *testing.T) storetest.JumpHarness {
-	server := newClock()
-	var jumped atomic.Int64
-	client := func() time.Time { return server.Now().Add(-time.Duration(jumped.Load())) }
-	b, f := contractBackend(t, link{server: server.Now}, firestorelock.WithClock(client))
-	return storetest.JumpHarness{
-		Harness: storetest.Harness{Backend: b, TTL: b.TTL(), Advance: server.Advance, Now: server.Now, Faults: f},
-		Jump: func(d time.Duration) {
-			jumped.Add(int64(d))
-			server.Advance(d)
-		},
-	}
-}
+const ()

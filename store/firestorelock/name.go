@@ -1,9 +1,9 @@
 package firestorelock
 
 import (
-	"encoding/base64"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 )
 
 // Name returns the document ID a key is stored under: the key itself when
@@ -13,26 +13,14 @@ import (
 // keys get distinct IDs, and a key of store.MaxKeyLen bytes gets an ID
 // within Firestore's 1500-byte limit.
 func Name(key string) string {
-	if utf8.ValidString(key) && !strings.Contains(key, "/") && key != "." && key != ".." &&
-		!strings.HasPrefix(key, "~") && !(strings.HasPrefix(key, "__") && strings.HasSuffix(key, "__")) {
+	// Beyond doclock's rules, a document ID holds no "/" (the path
+	// separator) and is not "." or "..".
+	if doclock.Verbatim(key) && !strings.Contains(key, "/") && key != "." && key != ".." {
 		return key
 	}
-	return "~" + base64.RawURLEncoding.EncodeToString([]byte(key))
+	return doclock.Encoded(key)
 }
 
 // keyOf is the inverse of Name: the key stored under id, and false for an
 // ID that Name does not produce.
-func keyOf(id string) (string, bool) {
-	key := id
-	if rest, ok := strings.CutPrefix(id, "~"); ok {
-		raw, err := base64.RawURLEncoding.DecodeString(rest)
-		if err != nil {
-			return "", false
-		}
-		key = string(raw)
-	}
-	if Name(key) != id {
-		return "", false
-	}
-	return key, true
-}
+func keyOf(id string) (string, bool) { return doclock.KeyOf(id, Name) }

@@ -2,7 +2,6 @@ package firestorelock
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
@@ -15,9 +14,6 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 )
 
-// purgeBatch is how many records one PurgeExpired round reads and deletes.
-const purgeBatch = 500
-
 // PurgeExpired implements store.Purger, for databases without a TTL policy
 // on expires_at. It queries the collection for records whose expires_at
 // has passed by the lower bound of the server's time, in batches of 500,
@@ -29,49 +25,38 @@ const purgeBatch = 500
 // serves it only to admin credentials.) A client clock that runs fast cannot make it delete
 // early.
 func (b *Backend) PurgeExpired(ctx context.Context, limit int) (int, error) {
-	total := 0
-	for limit <= 0 || total < limit {
-		lo, _, ok := b.clock.Times()
-		if !ok {
-			if err := b.probe(ctx); err != nil {
-				return total, fmt.Errorf("firestorelock: purge: reading the server's time: %w", err)
-			}
-			if lo, _, ok = b.clock.Times(); !ok {
-				return total, fmt.Errorf("firestorelock: purge: %w", doclock.ErrNoServerTime)
-			}
-		}
-		batch := int32(purgeBatch)
-		if limit > 0 && limit-total < purgeBatch {
-			batch = int32(limit - total)
-		}
-		found, readAt, err := b.expiredDocs(ctx, lo, batch)
-		if err != nil {
-			return total, fmt.Errorf("firestorelock: purge query: %w", err)
-		}
-		writes := make([]*pb.Write, 0, len(found))
-		for _, d := range found {
-			exp := d.GetFields()[fieldExpiresAt].GetTimestampValue()
-			if exp == nil || exp.AsTime().After(lo) || (!readAt.IsZero() && exp.AsTime().After(readAt)) {
-				continue // not expired by the server's reckoning
-			}
-			writes = append(writes, &pb.Write{
-				Operation:       &pb.Write_Delete{Delete: d.GetName()},
-				CurrentDocument: &pb.Precondition{ConditionType: &pb.Precondition_UpdateTime{UpdateTime: d.GetUpdateTime()}},
-			})
-		}
-		if len(writes) == 0 {
-			return total, nil
-		}
-		deleted, err := b.deleteAll(ctx, writes)
-		if err != nil {
-			return total, fmt.Errorf("firestorelock: purge delete: %w", err)
-		}
-		total += deleted
-		if len(found) < int(batch) || deleted == 0 {
-			return total, nil
-		}
+	return b.lk.Purge(ctx, limit, purger{b})
+}
+
+// purger is the Backend's doclock.PurgeStore: a RunQuery of the collection
+// on expires_at, and deletes preconditioned on the update time the query
+// saw (deleteAll).
+type purger struct{ b *Backend }
+
+func (p purger) Probe(ctx context.Context) error { return p.b.probe(ctx) }
+
+// Expired returns the documents, each with its expires_at; last is a
+// batch shorter than limit (the streamed reply says no more).
+func (p purger) Expired(ctx context.Context, lo time.Time, limit int) ([]doclock.Expired, time.Time, bool, error) {
+	docs, readAt, err := p.b.expiredDocs(ctx, lo, int32(limit))
+	found := make([]doclock.Expired, 0, len(docs))
+	for _, d := range docs {
+		found = append(found, doclock.Expired{Exp: tsTime(d.GetFields()[fieldExpiresAt].GetTimestampValue()), Ref: d})
 	}
-	return total, nil
+	return found, readAt, len(docs) < limit, err
+}
+
+// Delete commits the preconditioned deletes of recs (deleteAll).
+func (p purger) Delete(ctx context.Context, recs []doclock.Expired) (int, error) {
+	writes := make([]*pb.Write, 0, len(recs))
+	for _, r := range recs {
+		d := r.Ref.(*pb.Document)
+		writes = append(writes, &pb.Write{
+			Operation:       &pb.Write_Delete{Delete: d.GetName()},
+			CurrentDocument: &pb.Precondition{ConditionType: &pb.Precondition_UpdateTime{UpdateTime: d.GetUpdateTime()}},
+		})
+	}
+	return p.b.deleteAll(ctx, writes)
 }
 
 // expiredDocs queries at most limit documents of the collection whose

@@ -2,11 +2,8 @@ package firestorelock_test
 
 import (
 	"context"
-	"errors"
 	"io"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	pb "cloud.google.com/go/firestore/apiv1/firestorepb"
 	"google.golang.org/grpc"
@@ -14,9 +11,13 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock/doclocktest"
 	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
 )
+
+// The cases of the retries (doclocktest.RunScripted), on connections that
+// never reach a server.
+func TestScripted(t *testing.T) { doclocktest.RunScripted(t, driver{}) }
 
 const (
 	methodBatchGet = "/google.firestore.v1.Firestore/BatchGetDocuments"
@@ -24,33 +25,34 @@ const (
 )
 
 // scriptedConn is a connection that never reaches a server: it answers
-// each call with what answer returns for it (nil: a read finds nothing,
-// with no read_time; a write succeeds with an empty reply), and counts the
-// calls by method.
+// each call with what answer returns for its kind (nil: a read finds
+// nothing, with no read_time; a write succeeds with an empty reply), and
+// counts the calls by kind. Firestore reads by a stream
+// (BatchGetDocuments) and writes by unary calls.
 type scriptedConn struct {
-	reads, commits, others atomic.Int32
-	answer                 func(ctx context.Context, method string) error
+	n      *doclocktest.Counts
+	answer func(ctx context.Context, kind string) error
 }
 
-func (c *scriptedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+func (c scriptedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	if method == methodCommit {
-		c.commits.Add(1)
-	} else {
-		c.others.Add(1)
+		c.n.Commits.Add(1)
+		return c.answer(ctx, "commit")
 	}
-	return c.answer(ctx, method)
+	c.n.Others.Add(1)
+	return c.answer(ctx, "other")
 }
 
-func (c *scriptedConn) NewStream(ctx context.Context, _ *grpc.StreamDesc, method string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+func (c scriptedConn) NewStream(ctx context.Context, _ *grpc.StreamDesc, method string, _ ...grpc.CallOption) (grpc.ClientStream, error) {
+	kind := "other"
 	if method == methodBatchGet {
-		c.reads.Add(1)
+		kind = "read"
+		c.n.Reads.Add(1)
 	} else {
-		c.others.Add(1)
+		c.n.Others.Add(1)
 	}
-	return &scriptedStream{ctx: ctx, err: c.answer(ctx, method)}, nil
+	return &scriptedStream{ctx: ctx, err: c.answer(ctx, kind)}, nil
 }
-
-func (c *scriptedConn) calls() int32 { return c.reads.Load() + c.commits.Load() + c.others.Load() }
 
 // scriptedStream answers a read with err, or with one reply saying the
 // document is missing.
@@ -79,98 +81,15 @@ func (s *scriptedStream) RecvMsg(m any) error {
 	return nil
 }
 
-// failing returns a scriptedConn whose every call fails with code.
-func failing(code codes.Code) *scriptedConn {
-	return &scriptedConn{answer: func(context.Context, string) error { return status.Error(code, "scripted failure") }}
-}
-
-func newOn(t *testing.T, conn *scriptedConn, opts ...firestorelock.Option) *firestorelock.Backend {
+func (driver) NewScripted(t testing.TB, c doclocktest.Config, answer func(ctx context.Context, kind string) error) (doclocktest.Backend, *doclocktest.Counts) {
 	t.Helper()
-	b, err := firestorelock.New(conn, project, opts...)
+	n := &doclocktest.Counts{}
+	b, err := firestorelock.New(scriptedConn{n: n, answer: answer}, project, options(c)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return b, n
 }
 
-// retryable is the exact set of codes after which an RPC is sent again.
-var retryable = map[codes.Code]bool{
-	codes.Unavailable: true, codes.Aborted: true, codes.ResourceExhausted: true, codes.Internal: true,
-	codes.DeadlineExceeded: true, // a per-call deadline of the transport, while ctx is live
-}
-
-// Every RPC is sent again after the transient codes, WithRetries times,
-// and after no other code; the call's error carries the last code.
-func TestRetriesExactlyTheTransientCodes(t *testing.T) {
-	const retries = 3
-	for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
-		t.Run(code.String(), func(t *testing.T) {
-			conn := failing(code)
-			b := newOn(t, conn, firestorelock.WithRetries(retries))
-			_, err := b.Claim(t.Context(), "k", time.Minute) // a first claim reads first
-			want := int32(1)
-			if retryable[code] {
-				want = retries + 1
-			}
-			if got := conn.reads.Load(); got != want || conn.calls() != got || status.Code(err) != code {
-				t.Fatalf("%d reads (%d calls in all), err %v; want %d reads and the error's code %v", got, conn.calls(), err, want, code)
-			}
-		})
-	}
-}
-
-// Writes are retried like reads, and WithRetries(0) sends every RPC once.
-func TestWithRetriesBoundsWritesAndReads(t *testing.T) {
-	for _, retries := range []int{0, 2} {
-		// The read finds nothing; the create that follows fails.
-		conn := &scriptedConn{answer: func(_ context.Context, method string) error {
-			if method == methodCommit {
-				return status.Error(codes.Unavailable, "scripted failure")
-			}
-			return nil
-		}}
-		b := newOn(t, conn, firestorelock.WithRetries(retries))
-		_, err := b.Claim(t.Context(), "k", time.Minute)
-		if got := conn.commits.Load(); got != int32(retries+1) || conn.reads.Load() != 1 || status.Code(err) != codes.Unavailable {
-			t.Errorf("WithRetries(%d): %d commits after %d reads, err %v; want %d commits after 1 read, Unavailable",
-				retries, got, conn.reads.Load(), err, retries+1)
-		}
-	}
-}
-
-// A ctx that ends while the backend waits to retry ends the wait, and the
-// error wraps both the ctx's error and the last RPC's.
-func TestContextEndingDuringTheWaitWrapsBothErrors(t *testing.T) {
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	conn := failing(codes.Unavailable)
-	b := newOn(t, conn, firestorelock.WithRetries(1_000_000))
-	start := time.Now()
-	_, err := b.Claim(ctx, "k", time.Minute)
-	if !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.Unavailable {
-		t.Fatalf("err %v; want one wrapping context.DeadlineExceeded and Unavailable", err)
-	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("the call took %v after its ctx's 50ms deadline", d)
-	}
-}
-
-// No method sends anything on a ctx that has ended, and each returns an
-// error wrapping the ctx's.
-func TestAnEndedContextSendsNothing(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel()
-	c := store.Claim{Key: "k", Fence: 1, Token: "t", LeaseExpiry: time.Now().Add(time.Minute), Rev: 1}
-	for name, call := range map[string]func(*firestorelock.Backend) error{
-		"claim":    func(b *firestorelock.Backend) error { _, err := b.Claim(ctx, "k", time.Minute); return err },
-		"complete": func(b *firestorelock.Backend) error { _, err := b.Complete(ctx, c); return err },
-		"release":  func(b *firestorelock.Backend) error { return b.Release(ctx, c) },
-		"extend":   func(b *firestorelock.Backend) error { _, err := b.Extend(ctx, c, time.Minute); return err },
-		"purge":    func(b *firestorelock.Backend) error { _, err := b.PurgeExpired(ctx, 0); return err },
-	} {
-		conn := failing(codes.Unavailable)
-		if err := call(newOn(t, conn)); !errors.Is(err, context.Canceled) || conn.calls() != 0 {
-			t.Errorf("%s: err %v after %d calls; want context.Canceled and none", name, err, conn.calls())
-		}
-	}
-}
+func (driver) Status(code uint32) error { return status.Error(codes.Code(code), "scripted failure") }
+func (driver) Code(err error) uint32    { return uint32(status.Code(err)) }

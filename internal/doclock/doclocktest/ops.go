@@ -1,4 +1,4 @@
-package firestorelock_test
+package doclocktest
 
 import (
 	"slices"
@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
 // Keys stored verbatim and encoded (see Name), around every boundary the
-// listing draws on document IDs: "/", "." and "..", "~", invalid UTF-8, a
+// listing draws on entity names and document IDs: "/", "." and "..",
+// "~", invalid UTF-8, a
 // prefix ending inside a character, characters where UTF-8 and UTF-16
 // orders disagree.
 var listKeys = []string{
@@ -22,9 +22,9 @@ var listKeys = []string{
 // Following Next lists exactly the keys under each prefix, each once, on
 // the emulator, whatever the prefix: every key above and every prefix of
 // one.
-func TestListOnTheEmulatorCoversEveryKindOfName(t *testing.T) {
-	testsvc.Firestore(t)
-	b, _ := newBackend(t)
+func listOnTheEmulatorCoversEveryKindOfName(t *testing.T, drv h) {
+	drv.Emulator(t)
+	b, _ := drv.New(t, Config{})
 	ctx := t.Context()
 	for _, k := range listKeys {
 		if r, err := b.Claim(ctx, k, time.Minute); err != nil || r.Outcome != store.Won {
@@ -90,73 +90,61 @@ func doneRecord(t *testing.T, b store.Operator, key string) store.Record {
 }
 
 // Two Forget calls of one record race: the first reads it, its delete is
-// held back, the second deletes the record meanwhile (and a claim writes
-// it again), and then the first's delete reaches the emulator (a retry
-// after an Unavailable). Only the second deleted: the first MUST NOT
-// report true too, and the new claim stays.
-func TestForgetRacedByAnotherForgetReportsTrueOnce(t *testing.T) {
-	testsvc.Firestore(t)
-	for _, recreate := range []bool{false, true} {
-		a, ra, b, _ := twoOnOneClock(t)
-		ctx := t.Context()
-		r := doneRecord(t, a, "k")
-		var okB bool
-		var errB error
-		ra.whileLost = func() {
-			okB, errB = b.Forget(ctx, r)
-			if recreate {
-				if c, err := b.Claim(ctx, "k", time.Minute); err != nil || c.Outcome != store.Won {
-					t.Errorf("claim: %v %v", c.Outcome, err)
-				}
-			}
-		}
-		ra.dropNextCommit.Store(true)
-		okA, errA := a.Forget(ctx, r)
-		if errB != nil || !okB {
-			t.Fatalf("recreate %v: the second forget: %v %v, want true", recreate, okB, errB)
-		}
-		if okA {
-			t.Fatalf("recreate %v: the first forget reported true (%v), but the second had deleted the record before its delete arrived", recreate, errA)
-		}
-		if cur, found, err := b.Inspect(ctx, "k"); err != nil || found != recreate || recreate && (cur.State != store.Claimed || cur.Fence != 1) {
-			t.Fatalf("recreate %v: after the race: %+v %v %v", recreate, cur, found, err)
-		}
+// held back, the second deletes the record meanwhile, and then the first's
+// delete reaches the emulator (a retry after an Unavailable). Only the
+// second deleted: the first MUST NOT report true too.
+func forgetRacedByAnotherForgetReportsTrueOnce(t *testing.T, drv h) {
+	drv.Emulator(t)
+	a, ra, b, _ := drv.twoOnOneClock(t)
+	ctx := t.Context()
+	r := doneRecord(t, a, "k")
+	var okB bool
+	var errB error
+	ra.WhileLost = func() { okB, errB = b.Forget(ctx, r) }
+	ra.DropNextCommit.Store(true)
+	okA, errA := a.Forget(ctx, r)
+	if errB != nil || !okB {
+		t.Fatalf("the second forget: %v %v, want true", okB, errB)
+	}
+	if okA {
+		t.Fatalf("the first forget reported true (%v), but the second had deleted the record before its delete arrived", errA)
+	}
+	if cur, found, err := b.Inspect(ctx, "k"); err != nil || found {
+		t.Fatalf("after the race: %+v %v %v, want no record", cur, found, err)
 	}
 }
 
-// Two ForceRelease calls of one claim race the same way: only one
-// releases, the fence goes up by one, and the first reports false.
-func TestForceReleaseRacedByAnotherReleasesOnce(t *testing.T) {
-	testsvc.Firestore(t)
-	a, ra, b, _ := twoOnOneClock(t)
+// The same with a record that a purge deleted and a new claim wrote
+// again while the first Forget's delete was held back: the new claim
+// stays, and Forget does not report true.
+func forgetRacedByARecreatedRecordLeavesItAlone(t *testing.T, drv h) {
+	drv.Emulator(t)
+	a, ra, b, _ := drv.twoOnOneClock(t)
 	ctx := t.Context()
-	c, err := a.Claim(ctx, "k", time.Minute)
-	if err != nil || c.Outcome != store.Won {
-		t.Fatalf("claim: %v %v", c.Outcome, err)
+	r := doneRecord(t, a, "k")
+	ra.WhileLost = func() {
+		if ok, err := b.Forget(ctx, r); !ok || err != nil {
+			t.Errorf("forget: %v %v", ok, err)
+		}
+		if c, err := b.Claim(ctx, "k", time.Minute); err != nil || c.Outcome != store.Won {
+			t.Errorf("claim: %v %v", c.Outcome, err)
+		}
 	}
-	r, _, _ := a.Inspect(ctx, "k")
-	var okB bool
-	var errB error
-	ra.whileLost = func() { okB, errB = b.ForceRelease(ctx, r) }
-	ra.dropNextCommit.Store(true)
-	okA, errA := a.ForceRelease(ctx, r)
-	if errB != nil || !okB || okA {
-		t.Fatalf("force-releases: first %v %v, second %v %v: want false, true", okA, errA, okB, errB)
+	ra.DropNextCommit.Store(true)
+	if ok, err := a.Forget(ctx, r); ok {
+		t.Fatalf("forget of a record recreated since its read: %v %v", ok, err)
 	}
-	if cur, _, _ := b.Inspect(ctx, "k"); cur.Fence != 2 {
-		t.Fatalf("after the race: fence %d, want 2", cur.Fence)
-	}
-	if ok, _ := a.Complete(ctx, c.Claim); ok {
-		t.Fatal("the old holder completed after a force-release")
+	if cur, found, err := b.Inspect(ctx, "k"); err != nil || !found || cur.State != store.Claimed || cur.Fence != 1 {
+		t.Fatalf("the new claim: %+v %v %v", cur, found, err)
 	}
 }
 
 // Listing under prefixes whose range bounds are names the service
 // reserves (__.*__) or that lie near store.MaxKeyLen, whose records are
 // stored encoded: following Next reports exactly the keys under each.
-func TestListAroundReservedAndLongNames(t *testing.T) {
-	testsvc.Firestore(t)
-	b, _ := newBackend(t)
+func listAroundReservedAndLongNames(t *testing.T, drv h) {
+	drv.Emulator(t)
+	b, _ := drv.New(t, Config{})
 	ctx := t.Context()
 	long := strings.Repeat("L", store.MaxKeyLen-1)
 	keys := []string{"__ab_^x", "__ab__", "__ab__x", "__ab_`", "__ab_`__", long + "a", long + "\xff", long[:store.MaxKeyLen-3] + "é", long[:store.MaxKeyLen-2] + "__"}
@@ -202,4 +190,41 @@ func TestListAroundReservedAndLongNames(t *testing.T) {
 			t.Errorf("prefix %q (%d bytes): listed %d keys, want %d", p[:min(len(p), 20)], len(p), len(got), len(want))
 		}
 	}
+}
+
+// Two ForceRelease calls of one claim race the same way: only one
+// releases, the fence goes up by one, and the first reports false.
+func forceReleaseRacedByAnotherReleasesOnce(t *testing.T, drv h) {
+	drv.Emulator(t)
+	a, ra, b, _ := drv.twoOnOneClock(t)
+	ctx := t.Context()
+	c, err := a.Claim(ctx, "k", time.Minute)
+	if err != nil || c.Outcome != store.Won {
+		t.Fatalf("claim: %v %v", c.Outcome, err)
+	}
+	r, _, _ := a.Inspect(ctx, "k")
+	var okB bool
+	var errB error
+	ra.WhileLost = func() { okB, errB = b.ForceRelease(ctx, r) }
+	ra.DropNextCommit.Store(true)
+	okA, errA := a.ForceRelease(ctx, r)
+	if errB != nil || !okB || okA {
+		t.Fatalf("force-releases: first %v %v, second %v %v: want false, true", okA, errA, okB, errB)
+	}
+	if cur, _, _ := b.Inspect(ctx, "k"); cur.Fence != 2 {
+		t.Fatalf("after the race: fence %d, want 2", cur.Fence)
+	}
+	if ok, _ := a.Complete(ctx, c.Claim); ok {
+		t.Fatal("the old holder completed after a force-release")
+	}
+}
+
+func init() {
+	add(
+		testCase{"ListOnTheEmulatorCoversEveryKindOfName", listOnTheEmulatorCoversEveryKindOfName},
+		testCase{"ForgetRacedByAnotherForgetReportsTrueOnce", forgetRacedByAnotherForgetReportsTrueOnce},
+		testCase{"ForgetRacedByARecreatedRecordLeavesItAlone", forgetRacedByARecreatedRecordLeavesItAlone},
+		testCase{"ListAroundReservedAndLongNames", listAroundReservedAndLongNames},
+		testCase{"ForceReleaseRacedByAnotherReleasesOnce", forceReleaseRacedByAnotherReleasesOnce},
+	)
 }

@@ -1,10 +1,9 @@
-package firestorelock_test
+package doclocktest
 
 import (
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -12,20 +11,20 @@ import (
 // outlast the short lease that write stored, finds the record in someone
 // else's hands: it cannot tell whether it ever won, so it returns an
 // error, not HeldByOther or AlreadyDone (store.Backend's MUST rule).
-func TestClaimRetriedPastItsLeaseCannotTellAndFails(t *testing.T) {
-	testsvc.Firestore(t)
+func claimRetriedPastItsLeaseCannotTellAndFails(t *testing.T, drv h) {
+	drv.Emulator(t)
 	const lease = time.Minute
 	for _, path := range []string{"create", "reclaim"} {
 		for _, then := range []string{"held", "done"} {
 			t.Run(path+"/"+then, func(t *testing.T) {
 				ctx := t.Context()
-				a, ra, b, clock := twoOnOneClock(t)
+				a, ra, b, clock := drv.twoOnOneClock(t)
 				if path == "reclaim" {
 					a.Claim(ctx, "k", lease) // a holder that crashed
 					clock.Advance(lease + time.Second)
 				}
-				ra.loseNextCommit.Store(true)
-				ra.whileLost = func() {
+				ra.LoseNextCommit.Store(true)
+				ra.WhileLost = func() {
 					// The retries take longer than the lease: another
 					// instance reclaims the key meanwhile.
 					clock.Advance(lease + time.Second)
@@ -41,8 +40,8 @@ func TestClaimRetriedPastItsLeaseCannotTellAndFails(t *testing.T) {
 					}
 				}
 				res, err := a.Claim(ctx, "k", lease)
-				if ra.lost.Load() != 1 {
-					t.Fatalf("%d replies lost, want 1", ra.lost.Load())
+				if ra.Lost.Load() != 1 {
+					t.Fatalf("%d replies lost, want 1", ra.Lost.Load())
 				}
 				if err == nil {
 					t.Fatalf("claim whose lost write won, then lapsed and was taken over: %v; want an error (it cannot tell)", res.Outcome)
@@ -55,15 +54,15 @@ func TestClaimRetriedPastItsLeaseCannotTellAndFails(t *testing.T) {
 
 // When the lost write's lease cannot have lapsed by the time the retry
 // reads, the retry can tell that the write never landed, and answers.
-func TestClaimRetriedWithinItsLeaseTellsAndAnswers(t *testing.T) {
-	testsvc.Firestore(t)
+func claimRetriedWithinItsLeaseTellsAndAnswers(t *testing.T, drv h) {
+	drv.Emulator(t)
 	for _, then := range []string{"held", "done"} {
 		t.Run(then, func(t *testing.T) {
 			ctx := t.Context()
-			a, ra, b, _ := twoOnOneClock(t)
+			a, ra, b, _ := drv.twoOnOneClock(t)
 			a.Claim(ctx, "warm-up", time.Minute)
-			ra.dropNextCommit.Store(true)
-			ra.whileLost = func() {
+			ra.DropNextCommit.Store(true)
+			ra.WhileLost = func() {
 				r, err := b.Claim(ctx, "k", time.Hour)
 				if err != nil || r.Outcome != store.Won {
 					t.Errorf("the other instance's claim: %v %v", r.Outcome, err)
@@ -86,18 +85,18 @@ func TestClaimRetriedWithinItsLeaseTellsAndAnswers(t *testing.T) {
 // outlast the lease it wrote answers Won with that claim, as the port
 // says (same fence, the lease it wrote), when nobody took the key; but
 // when the retries also outlast the ttl, and the record was purged and the
-// retried create wrote it again, already expired, it returns an error: the
+// retried insert wrote it again, already expired, it returns an error: the
 // record may go at any moment and the fence start again at 1.
-func TestClaimWhoseRecordExpiredWhileRetryingFails(t *testing.T) {
-	testsvc.Firestore(t)
+func claimWhoseRecordExpiredWhileRetryingFails(t *testing.T, drv h) {
+	drv.Emulator(t)
 	const lease = time.Minute
 	for _, then := range []string{"lease_lapsed", "purged"} {
 		t.Run(then, func(t *testing.T) {
 			ctx := t.Context()
-			a, ra, b, clock := twoOnOneClock(t)
+			a, ra, b, clock := drv.twoOnOneClock(t)
 			start := clock.Now()
-			ra.loseNextCommit.Store(true)
-			ra.whileLost = func() {
+			ra.LoseNextCommit.Store(true)
+			ra.WhileLost = func() {
 				clock.Advance(lease + time.Second)
 				if then == "purged" {
 					clock.Advance(a.TTL())
@@ -127,12 +126,12 @@ func TestClaimWhoseRecordExpiredWhileRetryingFails(t *testing.T) {
 	}
 }
 
-func TestLostCommitResponseIsReaffirmed(t *testing.T) {
-	testsvc.Firestore(t)
+func lostCommitResponseIsReaffirmed(t *testing.T, drv h) {
+	drv.Emulator(t)
 	for _, path := range []string{"create", "reclaim"} {
 		t.Run(path, func(t *testing.T) {
-			clock := newClock()
-			b, r := onClock(t, clock)
+			clock := NewClock()
+			b, r := drv.onClock(t, clock, Config{})
 			ctx := t.Context()
 			want := int64(1)
 			if path == "reclaim" {
@@ -140,10 +139,10 @@ func TestLostCommitResponseIsReaffirmed(t *testing.T) {
 				clock.Advance(2 * time.Minute)
 				want = 2
 			}
-			r.loseNextCommit.Store(true)
+			r.LoseNextCommit.Store(true)
 			res, err := b.Claim(ctx, "k", time.Minute)
-			if r.lost.Load() != 1 {
-				t.Fatalf("%d responses lost, want 1", r.lost.Load())
+			if r.Lost.Load() != 1 {
+				t.Fatalf("%d responses lost, want 1", r.Lost.Load())
 			}
 			if err != nil || res.Outcome != store.Won || res.Claim.Fence != want {
 				t.Fatalf("claim after a lost commit response: %v fence %d %v; want won with fence %d (not locked out, not bumped twice)",
@@ -152,11 +151,11 @@ func TestLostCommitResponseIsReaffirmed(t *testing.T) {
 			if other, _ := b.Claim(ctx, "k", time.Minute); other.Outcome != store.HeldByOther {
 				t.Fatalf("another claim: %v, want held by other", other.Outcome)
 			}
-			r.loseNextCommit.Store(true)
+			r.LoseNextCommit.Store(true)
 			if ok, err := b.Complete(ctx, res.Claim); !ok || err != nil {
 				t.Fatalf("complete after a lost commit response: %v %v", ok, err)
 			}
-			if r.lost.Load() != 2 {
+			if r.Lost.Load() != 2 {
 				t.Fatalf("the complete's response was not lost")
 			}
 			if again, _ := b.Claim(ctx, "k", time.Minute); again.Outcome != store.AlreadyDone {
@@ -164,4 +163,13 @@ func TestLostCommitResponseIsReaffirmed(t *testing.T) {
 			}
 		})
 	}
+}
+
+func init() {
+	add(
+		testCase{"ClaimRetriedPastItsLeaseCannotTellAndFails", claimRetriedPastItsLeaseCannotTellAndFails},
+		testCase{"ClaimRetriedWithinItsLeaseTellsAndAnswers", claimRetriedWithinItsLeaseTellsAndAnswers},
+		testCase{"ClaimWhoseRecordExpiredWhileRetryingFails", claimWhoseRecordExpiredWhileRetryingFails},
+		testCase{"LostCommitResponseIsReaffirmed", lostCommitResponseIsReaffirmed},
+	)
 }

@@ -1,17 +1,16 @@
-package firestorelock_test
+package doclocktest
 
 import (
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
-func TestAStaleVersionIsFencedOutLikeAStaleFence(t *testing.T) {
-	testsvc.Firestore(t)
-	clock := newClock()
-	b, _ := onClock(t, clock)
+func aStaleVersionIsFencedOutLikeAStaleFence(t *testing.T, drv h) {
+	drv.Emulator(t)
+	clock := NewClock()
+	b, _ := drv.onClock(t, clock, Config{})
 	ctx := t.Context()
 	r1, _ := b.Claim(ctx, "k", time.Minute)
 	clock.Advance(2 * time.Minute)
@@ -38,10 +37,10 @@ func TestAStaleVersionIsFencedOutLikeAStaleFence(t *testing.T) {
 
 // An Extend whose write landed but whose reply was lost recognises its
 // own write on the retry and does not extend a second time.
-func TestExtendWithALostReplyExtendsOnce(t *testing.T) {
+func extendWithALostReplyExtendsOnce(t *testing.T, drv h) {
 	ctx := t.Context()
-	a, ra, b, clock, held := heldWithALostCommitNext(t)
-	ra.whileLost = func() { clock.Advance(time.Second) }
+	a, ra, b, clock, held := drv.heldWithALostCommitNext(t)
+	ra.WhileLost = func() { clock.Advance(time.Second) }
 	start := clock.Now()
 	ext, err := a.Extend(ctx, held, time.Hour)
 	if err != nil || !ext.LeaseExpiry.Equal(start.Add(time.Hour)) {
@@ -55,10 +54,10 @@ func TestExtendWithALostReplyExtendsOnce(t *testing.T) {
 // A Complete whose write applied but whose reply was lost, and whose
 // retries outlast the ttl, finds the record reclaimed by another: it
 // cannot tell whether it completed, so it returns an error, not false.
-func TestCompleteRetriedPastItsTTLCannotTellAndFails(t *testing.T) {
+func completeRetriedPastItsTTLCannotTellAndFails(t *testing.T, drv h) {
 	ctx := t.Context()
-	a, ra, b, clock, held := heldWithALostCommitNext(t)
-	ra.whileLost = func() {
+	a, ra, b, clock, held := drv.heldWithALostCommitNext(t)
+	ra.WhileLost = func() {
 		clock.Advance(a.TTL() + time.Second)
 		if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
 			t.Errorf("the other instance's claim: %v %v", r.Outcome, err)
@@ -71,13 +70,13 @@ func TestCompleteRetriedPastItsTTLCannotTellAndFails(t *testing.T) {
 	t.Logf("complete: %v", err)
 }
 
-// A Complete whose preconditioned write misses because the record is gone
+// A Complete whose versioned update misses because the record is gone
 // (deleted after its expires-at) reports false, not true.
-func TestCompleteOfAPurgedRecordIsFalse(t *testing.T) {
-	testsvc.Firestore(t)
+func completeOfAPurgedRecordIsFalse(t *testing.T, drv h) {
+	drv.Emulator(t)
 	ctx := t.Context()
-	clock := newClock()
-	b, _ := onClock(t, clock)
+	clock := NewClock()
+	b, _ := drv.onClock(t, clock, Config{})
 	r, _ := b.Claim(ctx, "k", time.Minute)
 	clock.Advance(time.Minute + b.TTL() + time.Second)
 	if n, err := b.PurgeExpired(ctx, 0); n != 1 || err != nil {
@@ -98,4 +97,13 @@ func TestCompleteOfAPurgedRecordIsFalse(t *testing.T) {
 	if r, _ := b.Claim(ctx, "k", time.Minute); r.Outcome != store.HeldByOther {
 		t.Fatalf("fresh record after the old claim's complete: %v, want held by other", r.Outcome)
 	}
+}
+
+func init() {
+	add(
+		testCase{"AStaleVersionIsFencedOutLikeAStaleFence", aStaleVersionIsFencedOutLikeAStaleFence},
+		testCase{"ExtendWithALostReplyExtendsOnce", extendWithALostReplyExtendsOnce},
+		testCase{"CompleteRetriedPastItsTTLCannotTellAndFails", completeRetriedPastItsTTLCannotTellAndFails},
+		testCase{"CompleteOfAPurgedRecordIsFalse", completeOfAPurgedRecordIsFalse},
+	)
 }

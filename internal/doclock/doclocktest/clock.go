@@ -1,4 +1,4 @@
-package firestorelock_test
+package doclocktest
 
 import (
 	"sync/atomic"
@@ -6,17 +6,15 @@ import (
 	"time"
 
 	"github.com/gcp-pubsub-idempotency/idempotency/fake"
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
 )
 
 // The lease a claim stores and reports runs from the server's now, and
 // only the server's clock ends it: a fast instance cannot take a live key,
 // a slow one can take a lapsed key, and a slow holder does not store a
 // lease that has lapsed already.
-func TestServerClockKeepsALiveLeaseHeld(t *testing.T) {
-	eachSkew(t, func(t *testing.T, server *fake.Clock, holder, other *firestorelock.Backend) {
+func serverClockKeepsALiveLeaseHeld(t *testing.T, drv h) {
+	drv.eachSkew(t, func(t *testing.T, server *fake.Clock, holder, other Backend) {
 		ctx := t.Context()
 		start := server.Now()
 		r, err := holder.Claim(ctx, "k", scLease)
@@ -27,7 +25,7 @@ func TestServerClockKeepsALiveLeaseHeld(t *testing.T) {
 			t.Fatalf("lease expiry %v, want the server's now + lease %v", r.Claim.LeaseExpiry, want)
 		}
 		server.Advance(scLease - time.Second)
-		for name, b := range map[string]*firestorelock.Backend{"other": other, "holder's own backend": holder} {
+		for name, b := range map[string]Backend{"other": other, "holder's own backend": holder} {
 			h, err := b.Claim(ctx, "k", scLease)
 			if err != nil || h.Outcome != store.HeldByOther || !h.Until.Equal(r.Claim.LeaseExpiry) {
 				t.Fatalf("%s's claim a second before the lease ends: %v until %v, %v; want held by other until %v",
@@ -54,8 +52,8 @@ func TestServerClockKeepsALiveLeaseHeld(t *testing.T) {
 
 // A Done key suppresses duplicates for the ttl by the server's clock,
 // whatever the clocks of the instances that completed and that ask.
-func TestServerClockKeepsADoneKeyDoneForTheTTL(t *testing.T) {
-	eachSkew(t, func(t *testing.T, server *fake.Clock, holder, other *firestorelock.Backend) {
+func serverClockKeepsADoneKeyDoneForTheTTL(t *testing.T, drv h) {
+	drv.eachSkew(t, func(t *testing.T, server *fake.Clock, holder, other Backend) {
 		ctx := t.Context()
 		r, err := holder.Claim(ctx, "k", scLease)
 		if err != nil || r.Outcome != store.Won {
@@ -67,7 +65,7 @@ func TestServerClockKeepsADoneKeyDoneForTheTTL(t *testing.T) {
 			t.Fatalf("complete: %v %v", ok, err)
 		}
 		server.Advance(scTTL - time.Second)
-		for name, b := range map[string]*firestorelock.Backend{"other": other, "holder's own backend": holder} {
+		for name, b := range map[string]Backend{"other": other, "holder's own backend": holder} {
 			d, err := b.Claim(ctx, "k", scLease)
 			if err != nil || d.Outcome != store.AlreadyDone || !d.Until.Equal(completed.Add(scTTL)) {
 				t.Fatalf("%s's claim a second before the ttl ends: %v until %v, %v; want already done until %v",
@@ -86,8 +84,8 @@ func TestServerClockKeepsADoneKeyDoneForTheTTL(t *testing.T) {
 // A release makes the key reclaimable at once by the server's clock, and
 // an extension runs from the server's now, whatever the releasing or
 // extending instance's clock says.
-func TestServerClockReleaseAndExtend(t *testing.T) {
-	eachSkew(t, func(t *testing.T, server *fake.Clock, holder, other *firestorelock.Backend) {
+func serverClockReleaseAndExtend(t *testing.T, drv h) {
+	drv.eachSkew(t, func(t *testing.T, server *fake.Clock, holder, other Backend) {
 		ctx := t.Context()
 		r, _ := holder.Claim(ctx, "k", scLease)
 		if err := holder.Release(ctx, r.Claim); err != nil {
@@ -114,10 +112,10 @@ func TestServerClockReleaseAndExtend(t *testing.T) {
 // estimate runs ahead; the create's own commit time shows it, and the claim
 // reports an unknown outcome rather than a lease from an instant after the
 // call.
-func TestServerClockEstimateThatRanAheadIsNotHandedOut(t *testing.T) {
-	testsvc.Firestore(t)
+func serverClockEstimateThatRanAheadIsNotHandedOut(t *testing.T, drv h) {
+	drv.Emulator(t)
 	ctx := t.Context()
-	server := newClock()
+	server := NewClock()
 	var ahead atomic.Int32
 	stamp := func() time.Time {
 		if ahead.Add(-1) >= 0 {
@@ -125,7 +123,7 @@ func TestServerClockEstimateThatRanAheadIsNotHandedOut(t *testing.T) {
 		}
 		return server.Now()
 	}
-	b, _ := newBackendVia(t, link{server: stamp}, firestorelock.WithClock(server.Now))
+	b, _ := drv.New(t, Config{Server: stamp, Clock: server.Now})
 	if r, err := b.Claim(ctx, "warm-up", scLease); err != nil || r.Outcome != store.Won {
 		t.Fatalf("warm-up: %v %v", r.Outcome, err)
 	}
@@ -147,16 +145,16 @@ func TestServerClockEstimateThatRanAheadIsNotHandedOut(t *testing.T) {
 }
 
 // The port: while now < lease expiry a Claim answers HeldByOther, and the
-// LeaseExpiry a claim reports is the one stored. Firestore keeps
+// LeaseExpiry a claim reports is the one stored. The services keep
 // timestamps in whole microseconds; a lease (or ttl) with a fraction of a
 // microsecond must not be stored a fraction earlier than the LeaseExpiry
 // its holder was given, or a racing Claim takes the key while the
 // holder's lease is live by the holder's own reckoning.
-func TestLeaseNeverEndsBeforeItsReportedExpirySubMicrosecondLeases(t *testing.T) {
-	testsvc.Firestore(t)
+func leaseNeverEndsBeforeItsReportedExpirySubMicrosecondLeases(t *testing.T, drv h) {
+	drv.Emulator(t)
 	for _, lease := range []time.Duration{1500 * time.Nanosecond, time.Millisecond + 1, time.Second + 999} {
-		clock := newClock()
-		b, _ := onClock(t, clock, firestorelock.WithTTL(time.Hour+1))
+		clock := NewClock()
+		b, _ := drv.onClock(t, clock, Config{TTL: time.Hour + 1})
 		ctx := t.Context()
 		r1, err := b.Claim(ctx, "k", lease)
 		if err != nil || r1.Outcome != store.Won {
@@ -181,10 +179,10 @@ func TestLeaseNeverEndsBeforeItsReportedExpirySubMicrosecondLeases(t *testing.T)
 // its instants on such an estimate (the Done record would carry a ttl
 // from an instant after the call, visible to others before then): it
 // reads first, and completes from the read's time.
-func TestServerClockAWideEstimateIsReadPastNotWrittenFrom(t *testing.T) {
-	testsvc.Firestore(t)
+func serverClockAWideEstimateIsReadPastNotWrittenFrom(t *testing.T, drv h) {
+	drv.Emulator(t)
 	ctx := t.Context()
-	server := newClock()
+	server := NewClock()
 	const jumpBy = 5 * time.Minute
 	var jump atomic.Bool
 	stamp := func() time.Time {
@@ -193,9 +191,9 @@ func TestServerClockAWideEstimateIsReadPastNotWrittenFrom(t *testing.T) {
 		}
 		return server.Now()
 	}
-	coll := collection()
-	a, _ := newBackendVia(t, link{server: stamp}, firestorelock.WithCollection(coll), firestorelock.WithTTL(scTTL), firestorelock.WithClock(server.Now))
-	other, _ := newBackendVia(t, link{server: stamp}, firestorelock.WithCollection(coll), firestorelock.WithTTL(scTTL), firestorelock.WithClock(server.Now))
+	coll := drv.Space()
+	a, _ := drv.New(t, Config{Server: stamp, Space: coll, TTL: scTTL, Clock: server.Now})
+	other, _ := drv.New(t, Config{Server: stamp, Space: coll, TTL: scTTL, Clock: server.Now})
 	held, err := a.Claim(ctx, "k", 10*time.Minute)
 	if err != nil || held.Outcome != store.Won {
 		t.Fatalf("claim: %v %v", held.Outcome, err)
@@ -218,4 +216,15 @@ func TestServerClockAWideEstimateIsReadPastNotWrittenFrom(t *testing.T) {
 		t.Fatalf("claim of the completed key: %v until %v, %v; want already done until %v (a ttl from the server's now)",
 			d.Outcome, d.Until, err, want)
 	}
+}
+
+func init() {
+	add(
+		testCase{"ServerClockKeepsALiveLeaseHeld", serverClockKeepsALiveLeaseHeld},
+		testCase{"ServerClockKeepsADoneKeyDoneForTheTTL", serverClockKeepsADoneKeyDoneForTheTTL},
+		testCase{"ServerClockReleaseAndExtend", serverClockReleaseAndExtend},
+		testCase{"ServerClockEstimateThatRanAheadIsNotHandedOut", serverClockEstimateThatRanAheadIsNotHandedOut},
+		testCase{"LeaseNeverEndsBeforeItsReportedExpirySubMicrosecondLeases", leaseNeverEndsBeforeItsReportedExpirySubMicrosecondLeases},
+		testCase{"ServerClockAWideEstimateIsReadPastNotWrittenFrom", serverClockAWideEstimateIsReadPastNotWrittenFrom},
+	)
 }

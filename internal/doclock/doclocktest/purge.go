@@ -1,23 +1,22 @@
-package datastorelock_test
+package doclocktest
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/datastorelock"
 )
 
 // PurgeExpired deletes by the server's clock: a purger whose clock runs
 // hours ahead deletes nothing before its expires-at, and one whose clock
 // runs behind still deletes what has expired.
-func TestServerClockPurgesNothingEarly(t *testing.T) {
-	testsvc.Datastore(t)
-	for name, off := range map[string]time.Duration{"purger_ahead": skew, "purger_behind": -skew} {
+func serverClockPurgesNothingEarly(t *testing.T, drv h) {
+	drv.Emulator(t)
+	for name, off := range map[string]time.Duration{"purger_ahead": Skew, "purger_behind": -Skew} {
 		t.Run(name, func(t *testing.T) {
 			ctx := t.Context()
-			server, holder, purger := twoOnServer(t, 0, off)
+			server, holder, purger := drv.twoOnServer(t, 0, off)
 			d, _ := holder.Claim(ctx, "done", scLease)
 			if ok, err := holder.Complete(ctx, d.Claim); !ok || err != nil {
 				t.Fatalf("complete: %v %v", ok, err)
@@ -46,18 +45,38 @@ func TestServerClockPurgesNothingEarly(t *testing.T) {
 	}
 }
 
-// PurgeExpired removes every expired record, also when the service answers
-// a query with fewer results than asked for and more to come (the emulator
-// returns at most 300 a batch; the purge stopped after the first).
-func TestPurgeExpiredRemovesEveryExpiredRecord(t *testing.T) {
-	testsvc.Datastore(t)
-	ns := namespace()
-	b, _ := newBackend(t, datastorelock.WithNamespace(ns))
-	seedExpired(t, ns, 700)
+// PurgeExpired removes every expired record, in batches (of 500), also
+// when the service answers a query with fewer results than asked for and
+// more to come (the Datastore emulator returns at most 300 a batch; the
+// purge stopped after the first).
+func purgeExpiredRemovesEveryExpiredRecord(t *testing.T, drv h) {
+	drv.Emulator(t)
+	ns := drv.Space()
+	b, _ := drv.New(t, Config{Space: ns})
+	SeedExpired(t, drv, ns, 700)
 	if n, err := b.PurgeExpired(t.Context(), 0); n != 700 || err != nil {
 		t.Fatalf("purge: %d deleted, %v; want 700", n, err)
 	}
 	if n, err := b.PurgeExpired(t.Context(), 0); n != 0 || err != nil {
 		t.Fatalf("second purge: %d deleted, %v; want 0", n, err)
 	}
+}
+
+func init() {
+	add(
+		testCase{"ServerClockPurgesNothingEarly", serverClockPurgesNothingEarly},
+		testCase{"PurgeExpiredRemovesEveryExpiredRecord", purgeExpiredRemovesEveryExpiredRecord},
+	)
+}
+
+// SeedExpired writes n records into space (through d) that expired an hour
+// ago.
+func SeedExpired(t testing.TB, d Driver, space string, n int) {
+	t.Helper()
+	past := time.Now().Add(-time.Hour)
+	recs := make([]Raw, n)
+	for i := range recs {
+		recs[i] = Raw{Key: fmt.Sprintf("expired-%d", i), State: 2, Fence: 1, Lease: past, Exp: past, Token: "t"}
+	}
+	d.PutRaw(t, space, recs...)
 }

@@ -1,4 +1,4 @@
-package firestorelock_test
+package doclocktest
 
 import (
 	"errors"
@@ -6,22 +6,17 @@ import (
 	"testing"
 	"time"
 
-	pb "cloud.google.com/go/firestore/apiv1/firestorepb"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
-	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
-	"github.com/gcp-pubsub-idempotency/idempotency/store/firestorelock"
 )
 
 // A Done record keeps the fingerprint its completion stored, Claim reports
 // it until the record is reclaimed, a second completion by the same claim
 // changes nothing, and a reclaim starts without one.
-func TestFingerprintIsKeptUntilTheRecordIsReclaimed(t *testing.T) {
-	testsvc.Firestore(t)
+func fingerprintIsKeptUntilTheRecordIsReclaimed(t *testing.T, drv h) {
+	drv.Emulator(t)
 	ctx := t.Context()
-	clock := newClock()
-	b, _ := onClock(t, clock)
+	clock := NewClock()
+	b, _ := drv.onClock(t, clock, Config{})
 	r, _ := b.Claim(ctx, "k", time.Minute)
 	if ok, err := b.CompleteFingerprint(ctx, r.Claim, "sha256:aa"); !ok || err != nil {
 		t.Fatalf("complete with a fingerprint: %v %v", ok, err)
@@ -47,18 +42,18 @@ func TestFingerprintIsKeptUntilTheRecordIsReclaimed(t *testing.T) {
 }
 
 // An invalid fingerprint is refused before any RPC.
-func TestInvalidFingerprintSendsNothing(t *testing.T) {
-	testsvc.Firestore(t)
+func invalidFingerprintSendsNothing(t *testing.T, drv h) {
+	drv.Emulator(t)
 	ctx := t.Context()
-	b, r := newBackend(t)
+	b, r := drv.New(t, Config{})
 	c, _ := b.Claim(ctx, "k", time.Minute)
-	r.take()
+	r.Take()
 	for _, fp := range []string{strings.Repeat("f", store.MaxFingerprintLen+1), "a\x00b", "\xff"} {
 		if ok, err := b.CompleteFingerprint(ctx, c.Claim, fp); ok || !errors.Is(err, store.ErrInvalidFingerprint) {
 			t.Fatalf("fingerprint %q: %v %v, want ErrInvalidFingerprint", fp, ok, err)
 		}
 	}
-	if calls := r.take(); len(calls) != 0 {
+	if calls := r.Take(); len(calls) != 0 {
 		t.Fatalf("invalid fingerprints sent %v", calls)
 	}
 	if h, _ := b.Claim(ctx, "k", time.Minute); h.Outcome != store.HeldByOther {
@@ -66,54 +61,22 @@ func TestInvalidFingerprintSendsNothing(t *testing.T) {
 	}
 }
 
-// putRaw writes the document of key in collection coll with exactly
-// fields, as a version of the backend from before fingerprints wrote it.
-func putRaw(t *testing.T, coll, key string, fields map[string]*pb.Value) {
-	t.Helper()
-	rpc := pb.NewFirestoreClient(dialEmulator(t, testsvc.Firestore(t)))
-	db := "projects/" + project + "/databases/" + firestorelock.DefaultDatabase
-	_, err := rpc.Commit(t.Context(), &pb.CommitRequest{
-		Database: db,
-		Writes: []*pb.Write{{Operation: &pb.Write_Update{Update: &pb.Document{
-			Name:   db + "/documents/" + coll + "/" + firestorelock.Name(key),
-			Fields: fields,
-		}}}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// oldRecord is the properties of a record without a fingerprint.
-func oldRecord(state, fence int64, lease, exp time.Time, token string) map[string]*pb.Value {
-	ts := func(t time.Time) *pb.Value {
-		return &pb.Value{ValueType: &pb.Value_TimestampValue{TimestampValue: timestamppb.New(t)}}
-	}
-	return map[string]*pb.Value{
-		"state":        {ValueType: &pb.Value_IntegerValue{IntegerValue: state}},
-		"fence":        {ValueType: &pb.Value_IntegerValue{IntegerValue: fence}},
-		"lease_expiry": ts(lease),
-		"expires_at":   ts(exp),
-		"token":        {ValueType: &pb.Value_StringValue{StringValue: token}},
-	}
-}
-
-// Records written without the fingerprint field (before it existed)
+// Records written without the fingerprint property (before it existed)
 // keep working: a Done one is already done with no fingerprint, and a
 // claim held on a Claimed one completes with one.
-func TestRecordsWithoutAFingerprintKeepWorking(t *testing.T) {
-	testsvc.Firestore(t)
+func recordsWithoutAFingerprintKeepWorking(t *testing.T, drv h) {
+	drv.Emulator(t)
 	ctx := t.Context()
-	clock := newClock()
-	ns := collection()
-	b, _ := onClock(t, clock, firestorelock.WithCollection(ns))
+	clock := NewClock()
+	ns := drv.Space()
+	b, _ := drv.onClock(t, clock, Config{Space: ns})
 	now := clock.Now()
-	putRaw(t, ns, "done", oldRecord(2, 3, now.Add(-time.Minute), now.Add(time.Hour), "old-token"))
+	drv.PutRaw(t, ns, Raw{"done", 2, 3, now.Add(-time.Minute), now.Add(time.Hour), "old-token"})
 	if d, err := b.Claim(ctx, "done", time.Minute); err != nil || d.Outcome != store.AlreadyDone || d.Fingerprint != "" ||
 		!d.Until.Equal(now.Add(time.Hour)) {
 		t.Fatalf("claim of an old done record: %v until %v fingerprint %q, %v; want already done, none", d.Outcome, d.Until, d.Fingerprint, err)
 	}
-	putRaw(t, ns, "held", oldRecord(1, 5, now.Add(time.Minute), now.Add(time.Hour), "holder"))
+	drv.PutRaw(t, ns, Raw{"held", 1, 5, now.Add(time.Minute), now.Add(time.Hour), "holder"})
 	held := store.Claim{Key: "held", Fence: 5, Token: "holder", LeaseExpiry: now.Add(time.Minute)}
 	if ok, err := b.CompleteFingerprint(ctx, held, "fp-1"); !ok || err != nil {
 		t.Fatalf("complete of an old claimed record: %v %v", ok, err)
@@ -130,16 +93,16 @@ func TestRecordsWithoutAFingerprintKeepWorking(t *testing.T) {
 // A CompleteFingerprint whose write landed but whose reply was lost
 // recognises its own write on the retry: true, the fingerprint stored
 // once, the ttl from the write that landed.
-func TestCompleteFingerprintWithALostReplyStoresItOnce(t *testing.T) {
+func completeFingerprintWithALostReplyStoresItOnce(t *testing.T, drv h) {
 	ctx := t.Context()
-	a, ra, b, clock, held := heldWithALostCommitNext(t)
-	ra.whileLost = func() { clock.Advance(time.Second) }
+	a, ra, b, clock, held := drv.heldWithALostCommitNext(t)
+	ra.WhileLost = func() { clock.Advance(time.Second) }
 	start := clock.Now()
 	if ok, err := a.CompleteFingerprint(ctx, held, "fp-lost"); !ok || err != nil {
 		t.Fatalf("complete: %v %v", ok, err)
 	}
-	if ra.lost.Load() != 1 {
-		t.Fatalf("%d replies lost, want 1", ra.lost.Load())
+	if ra.Lost.Load() != 1 {
+		t.Fatalf("%d replies lost, want 1", ra.Lost.Load())
 	}
 	d, err := b.Claim(ctx, "k", time.Minute)
 	if err != nil || d.Outcome != store.AlreadyDone || d.Fingerprint != "fp-lost" || !d.Until.Equal(start.Add(a.TTL())) {
@@ -151,10 +114,10 @@ func TestCompleteFingerprintWithALostReplyStoresItOnce(t *testing.T) {
 // A CompleteFingerprint whose lost write's retries outlast the ttl finds
 // the record reclaimed: it cannot tell whether it completed, so it
 // returns an error, not false.
-func TestCompleteFingerprintRetriedPastItsTTLCannotTellAndFails(t *testing.T) {
+func completeFingerprintRetriedPastItsTTLCannotTellAndFails(t *testing.T, drv h) {
 	ctx := t.Context()
-	a, ra, b, clock, held := heldWithALostCommitNext(t)
-	ra.whileLost = func() {
+	a, ra, b, clock, held := drv.heldWithALostCommitNext(t)
+	ra.WhileLost = func() {
 		clock.Advance(a.TTL() + time.Second)
 		if r, err := b.Claim(ctx, "k", time.Minute); err != nil || r.Outcome != store.Won {
 			t.Errorf("the other instance's claim: %v %v", r.Outcome, err)
@@ -163,4 +126,14 @@ func TestCompleteFingerprintRetriedPastItsTTLCannotTellAndFails(t *testing.T) {
 	if ok, err := a.CompleteFingerprint(ctx, held, "fp"); err == nil {
 		t.Fatalf("complete whose lost write applied, then expired and was reclaimed: %v; want an error", ok)
 	}
+}
+
+func init() {
+	add(
+		testCase{"FingerprintIsKeptUntilTheRecordIsReclaimed", fingerprintIsKeptUntilTheRecordIsReclaimed},
+		testCase{"InvalidFingerprintSendsNothing", invalidFingerprintSendsNothing},
+		testCase{"RecordsWithoutAFingerprintKeepWorking", recordsWithoutAFingerprintKeepWorking},
+		testCase{"CompleteFingerprintWithALostReplyStoresItOnce", completeFingerprintWithALostReplyStoresItOnce},
+		testCase{"CompleteFingerprintRetriedPastItsTTLCannotTellAndFails", completeFingerprintRetriedPastItsTTLCannotTellAndFails},
+	)
 }
