@@ -14,6 +14,17 @@ import (
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
+// openConn opens one connection on dsn, closed when t ends.
+func openConn(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 // On a *pgx.Conn, a heartbeat's renewal already in flight when CompleteTx
 // begins (the renewal's tick came first: between CompleteTx's attempts,
 // or before the body started) must not share the connection with the
@@ -28,12 +39,7 @@ import (
 func TestOnOneConnCompleteTxDoesNotOverlapARenewalInFlight(t *testing.T) {
 	dsn := testsvc.Postgres(t)
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	b, table := newBackend(t, conn)
+	b, table := newBackend(t, openConn(t, dsn))
 	c := won(t, b, "renewing")
 	// Another session locks the record, so that the renewal waits on it.
 	pool := openPool(t, dsn)
@@ -81,12 +87,7 @@ func TestOnOneConnCompleteTxDoesNotOverlapARenewalInFlight(t *testing.T) {
 // holds; the outer one then commits as its body decides.
 func TestOnOneConnNestedCompleteTxFailsAtOnce(t *testing.T) {
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, testsvc.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	b, _ := newBackend(t, conn)
+	b, _ := newBackend(t, openConn(t, testsvc.Postgres(t)))
 	outer, inner := won(t, b, "outer"), won(t, b, "inner")
 	ok, err := b.CompleteTx(ctx, outer, "", func(ctx context.Context, tx pgx.Tx) error {
 		ok, err := b.CompleteTx(ctx, inner, "", func(context.Context, pgx.Tx) error { return nil })
