@@ -54,6 +54,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -137,6 +138,11 @@ type Backend struct {
 
 	// txConns counts the connections CompleteTx's transactions hold now.
 	txConns atomic.Int64
+	// single reports a DB of one connection (a *pgx.Conn), which one
+	// holds at a time: CompleteTx for the whole of its call, Extend for
+	// its statement (a renewal that finds it held fails at once).
+	single bool
+	one    sync.Mutex
 }
 
 var (
@@ -166,6 +172,7 @@ func New(db DB, opts ...Option) (*Backend, error) {
 		if v == nil {
 			return nil, errors.New("pgxlock: nil *pgx.Conn")
 		}
+		b.single = true
 	}
 	if b.logger == nil {
 		b.logger = slog.Default()
@@ -410,6 +417,12 @@ func (b *Backend) renewable(c store.Claim) error {
 	if p, ok := b.db.(*pgxpool.Pool); ok && p.Config().MaxConns > 1 {
 		return nil
 	}
+	return b.connHeld(c)
+}
+
+// connHeld is Extend's refusal while a transaction of CompleteTx holds
+// the backend's only connection.
+func (b *Backend) connHeld(c store.Claim) error {
 	return fmt.Errorf("pgxlock: extend %q fence %d: cannot renew the lease now: the backend's only connection (a *pgx.Conn, or a pool of MaxConns 1) "+
 		"is held by a transaction of CompleteTx, and a renewal needs another; give the backend a pool with more connections "+
 		"than there are transactional deliveries at once, or keep the body within its lease", c.Key, c.Fence)
@@ -419,7 +432,9 @@ func (b *Backend) renewable(c store.Claim) error {
 // call: after an attempt whose outcome is unknown it returns an error
 // rather than sending the renewal again. While a transaction of
 // CompleteTx holds the backend's only connection (DB a *pgx.Conn, or a
-// pool of MaxConns 1) it fails at once and renews nothing.
+// pool of MaxConns 1) it fails at once and renews nothing; on a
+// *pgx.Conn, a CompleteTx that begins while a renewal is in flight waits
+// for it to end before it sends its BEGIN.
 func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration) (store.Claim, error) {
 	if err := store.ValidateKey(c.Key); err != nil {
 		return c, err
@@ -429,6 +444,15 @@ func (b *Backend) Extend(ctx context.Context, c store.Claim, lease time.Duration
 	}
 	if err := b.renewable(c); err != nil {
 		return c, err
+	}
+	if b.single {
+		// A CompleteTx between its attempts, or one that began since
+		// renewable looked, holds the connection, or waits for this
+		// renewal to end before it sends its BEGIN.
+		if !b.one.TryLock() {
+			return c, b.connHeld(c)
+		}
+		defer b.one.Unlock()
 	}
 	var until int64
 	var held bool

@@ -46,10 +46,12 @@ func transient(err error) bool {
 // mayHaveLanded reports whether the write that failed with err may have
 // been applied all the same: true unless the server itself refused the
 // statement (a single statement outside a transaction that failed changed
-// nothing) or pgx reports that it sent nothing (pgconn.SafeToRetry).
+// nothing), pgx reports that it sent nothing (pgconn.SafeToRetry), or the
+// pool could not make the connection to send it on (pgconn.ConnectError).
 func mayHaveLanded(err error) bool {
 	var pg *pgconn.PgError
-	return !errors.As(err, &pg) && !pgconn.SafeToRetry(err)
+	var ce *pgconn.ConnectError
+	return !errors.As(err, &pg) && !errors.As(err, &ce) && !pgconn.SafeToRetry(err)
 }
 
 // errNoResend ends an Extend's retries: the attempt may have renewed the

@@ -74,6 +74,10 @@ const CommitIdleTimeout = dialect.CommitIdleMillis * time.Millisecond
 // changed after the transaction's snapshot (40001 at REPEATABLE READ or
 // SERIALIZABLE), the error wraps ErrSnapshotConflict.
 //
+// On a *pgx.Conn, CompleteTx holds the connection for the whole call: it
+// first waits for a lease renewal (Extend) in flight to end, and a
+// CompleteTx called inside its body on the same backend fails at once.
+//
 // Round trips, besides body's statements: begin, the marker, the UPDATE,
 // the commit.
 func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body func(ctx context.Context, tx pgx.Tx) error) (bool, error) {
@@ -85,6 +89,18 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 	}
 	if body == nil {
 		return false, fmt.Errorf("pgxlock: complete-tx %q: nil body", c.Key)
+	}
+	if b.single {
+		if ctx.Value(holdsConn{}) == b {
+			return false, fmt.Errorf("pgxlock: complete-tx %q: called inside a body of CompleteTx on the same backend, "+
+				"whose transaction holds the backend's only connection (a *pgx.Conn); give the backend a pool", c.Key)
+		}
+		// The connection is the transaction's until the outcome is
+		// settled: a renewal in flight ends first, and later ones fail
+		// at once (Extend).
+		b.one.Lock()
+		defer b.one.Unlock()
+		ctx = context.WithValue(ctx, holdsConn{}, b)
 	}
 	var done bool
 	var lost error
@@ -110,6 +126,10 @@ func (b *Backend) CompleteTx(ctx context.Context, c store.Claim, fp string, body
 	}
 	return done, nil
 }
+
+// holdsConn is the context key under which CompleteTx on a *pgx.Conn
+// marks its body's context with the backend whose connection it holds.
+type holdsConn struct{}
 
 // ErrSnapshotConflict is wrapped by CompleteTx's error when its attempts
 // ended with the Done mark's UPDATE refused because c's record changed

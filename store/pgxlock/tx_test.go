@@ -142,12 +142,7 @@ func TestNewRefusesInvalidOptions(t *testing.T) {
 // transaction's statements, and renews nothing.
 func TestOnOneConnExtendDuringCompleteTxFailsAtOnce(t *testing.T) {
 	ctx := t.Context()
-	conn, err := pgx.Connect(ctx, testsvc.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	b, _ := newBackend(t, conn)
+	b, _ := newBackend(t, openConn(t, testsvc.Postgres(t)))
 	c := won(t, b, "one-conn")
 	ok, err := b.CompleteTx(ctx, c, "", func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := b.Extend(ctx, c, time.Hour); err == nil || !strings.Contains(err.Error(), "cannot renew the lease now") {
