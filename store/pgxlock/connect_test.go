@@ -1,7 +1,6 @@
 package pgxlock_test
 
 import (
-	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 	"io"
 	"net"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/gcp-pubsub-idempotency/idempotency/internal/testsvc"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
+	"github.com/gcp-pubsub-idempotency/idempotency/store/pgxlock"
 )
 
 // refuseFirst forwards TCP connections to target, except the first n,
