@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gcp-pubsub-idempotency/idempotency/internal/doclock"
 	"github.com/gcp-pubsub-idempotency/idempotency/store"
 )
 
@@ -62,10 +63,35 @@ func purgeExpiredRemovesEveryExpiredRecord(t *testing.T, drv h) {
 	}
 }
 
+// PurgeExpired deletes a record whose expires_at is the earliest instant
+// Go's time.Time has (0001-01-01T00:00:00Z, time.Time{}, which a writer of
+// the zero time stores): it expired long ago, as the purge before issue
+// 30 judged it. A full batch of them (which the query, ordered by
+// expires_at, returns first) must not stop the purge either: it deletes
+// them and the record that expired an hour ago after them.
+func purgeExpiredDeletesRecordsThatExpiredAtYearOne(t *testing.T, drv h) {
+	drv.Emulator(t)
+	ns := drv.Space()
+	b, _ := drv.New(t, Config{Space: ns})
+	recs := make([]Raw, doclock.PurgeBatch)
+	for i := range recs {
+		recs[i] = Raw{Key: fmt.Sprintf("year-one-%d", i), State: 2, Fence: 1, Token: "t"}
+	}
+	drv.PutRaw(t, ns, recs...)
+	SeedExpired(t, drv, ns, 1)
+	if n, err := b.PurgeExpired(t.Context(), 0); n != doclock.PurgeBatch+1 || err != nil {
+		t.Fatalf("purge: %d deleted, %v; want %d (the records that expired at year 1, and the one an hour ago)", n, err, doclock.PurgeBatch+1)
+	}
+	if n, err := b.PurgeExpired(t.Context(), 0); n != 0 || err != nil {
+		t.Fatalf("second purge: %d deleted, %v; want 0", n, err)
+	}
+}
+
 func init() {
 	add(
 		testCase{"ServerClockPurgesNothingEarly", serverClockPurgesNothingEarly},
 		testCase{"PurgeExpiredRemovesEveryExpiredRecord", purgeExpiredRemovesEveryExpiredRecord},
+		testCase{"PurgeExpiredDeletesRecordsThatExpiredAtYearOne", purgeExpiredDeletesRecordsThatExpiredAtYearOne},
 	)
 }
 
