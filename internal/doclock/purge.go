@@ -10,9 +10,10 @@ import (
 // deletes.
 const PurgeBatch = 500
 
-// Expired is a record that a purge query found: its expires_at (zero when
-// it has none) and the backend's handle to delete it by (its name and the
-// version the query saw).
+// Expired is a record that a purge query found: its expires_at (which may
+// be time.Time{}, 0001-01-01T00:00:00Z, an instant long past: a record
+// without an expires_at is not an Expired) and the backend's handle to
+// delete it by (its name and the version the query saw).
 type Expired struct {
 	Exp time.Time
 	Ref any
@@ -25,9 +26,10 @@ type PurgeStore interface {
 	// none), by a read of a name that no key is stored under.
 	Probe(ctx context.Context) error
 	// Expired queries at most limit records whose expires_at is not after
-	// lo. readAt is the query's server time (zero when the reply carries
-	// none), which the backend has passed to the Clock; last reports that
-	// no record past these matches.
+	// lo, and leaves out those of them without an expires_at. readAt is
+	// the query's server time (zero when the reply carries none), which
+	// the backend has passed to the Clock; last reports that no record
+	// past these matches.
 	Expired(ctx context.Context, lo time.Time, limit int) (found []Expired, readAt time.Time, last bool, err error)
 	// Delete deletes recs, each on the condition that it is still the
 	// version the query saw (a record reclaimed since stays), and returns
@@ -64,7 +66,7 @@ func (l *Lock) Purge(ctx context.Context, limit int, ps PurgeStore) (int, error)
 		}
 		expired := found[:0:0]
 		for _, r := range found {
-			if r.Exp.IsZero() || r.Exp.After(lo) || (!readAt.IsZero() && r.Exp.After(readAt)) {
+			if r.Exp.After(lo) || (!readAt.IsZero() && r.Exp.After(readAt)) {
 				continue // not expired by the server's reckoning
 			}
 			expired = append(expired, r)

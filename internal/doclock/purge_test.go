@@ -50,7 +50,7 @@ func (m *memPurge) Delete(_ context.Context, recs []Expired) (int, error) {
 
 // Purge reads the server's time first when it has none, deletes every
 // record expired by it across short batches, keeps those that are not,
-// and stops at its limit.
+// and stops at its limit; an expires_at of time.Time{} has expired.
 func TestPurgeDeletesWhatExpiredByTheServersTime(t *testing.T) {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	clock := NewClock(func() time.Time { return now })
@@ -58,6 +58,7 @@ func TestPurgeDeletesWhatExpiredByTheServersTime(t *testing.T) {
 	for i := range 10 {
 		m.exp[fmt.Sprintf("old-%d", i)] = now.Add(-time.Minute)
 	}
+	m.exp["year-one"] = time.Time{}
 	m.exp["live"] = now.Add(time.Minute)
 	l := New("testlock", time.Hour, clock, &memStore{now: func() time.Time { return now }, clock: clock, recs: map[string]Record{}})
 	if n, err := l.Purge(t.Context(), 4, m); n != 4 || err != nil {
@@ -66,8 +67,8 @@ func TestPurgeDeletesWhatExpiredByTheServersTime(t *testing.T) {
 	if m.probes != 1 {
 		t.Fatalf("%d probes, want 1 (no server time yet)", m.probes)
 	}
-	if n, err := l.Purge(t.Context(), 0, m); n != 6 || err != nil {
-		t.Fatalf("purge: %d %v, want the 6 left, across batches of 3", n, err)
+	if n, err := l.Purge(t.Context(), 0, m); n != 7 || err != nil {
+		t.Fatalf("purge: %d %v, want the 7 left, across batches of 3", n, err)
 	}
 	if _, ok := m.exp["live"]; !ok || len(m.exp) != 1 {
 		t.Fatalf("left %v, want the live record alone", m.exp)

@@ -56,8 +56,10 @@ func (p purger) Expired(ctx context.Context, lo time.Time, limit int) (found []d
 		b.clock.Observe(readAt, sent, b.now(), true)
 		found = found[:0]
 		for _, r := range res.GetBatch().GetEntityResults() {
-			exp := tsTime(r.GetEntity().GetProperties()[propExpiresAt].GetTimestampValue())
-			found = append(found, doclock.Expired{Exp: exp, Ref: r})
+			// AsTime, not tsTime: an expires_at of time.Time{} has expired.
+			if exp := r.GetEntity().GetProperties()[propExpiresAt].GetTimestampValue(); exp != nil {
+				found = append(found, doclock.Expired{Exp: exp.AsTime(), Ref: r})
+			}
 		}
 		last = res.GetBatch().GetMoreResults() == pb.QueryResultBatch_NO_MORE_RESULTS
 		return nil

@@ -41,7 +41,10 @@ func (p purger) Expired(ctx context.Context, lo time.Time, limit int) ([]doclock
 	docs, readAt, err := p.b.expiredDocs(ctx, lo, int32(limit))
 	found := make([]doclock.Expired, 0, len(docs))
 	for _, d := range docs {
-		found = append(found, doclock.Expired{Exp: tsTime(d.GetFields()[fieldExpiresAt].GetTimestampValue()), Ref: d})
+		// AsTime, not tsTime: an expires_at of time.Time{} has expired.
+		if exp := d.GetFields()[fieldExpiresAt].GetTimestampValue(); exp != nil {
+			found = append(found, doclock.Expired{Exp: exp.AsTime(), Ref: d})
+		}
 	}
 	return found, readAt, len(docs) < limit, err
 }
