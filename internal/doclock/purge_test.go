@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 )
@@ -105,7 +106,7 @@ func TestCheckNew(t *testing.T) {
 		want    error
 	}{{nil, "p", false, ErrNilConn}, {typedNil, "p", false, ErrNilConn}, {1, "", false, ErrNoProject}, {1, "p", true, ErrClientOptions}, {1, "p", false, nil}} {
 		err := CheckNew("testlock", c.conn, c.project, c.opts)
-		if !errors.Is(err, c.want) || (err == nil) != (c.want == nil) {
+		if !errors.Is(err, c.want) || (err == nil) != (c.want == nil) || err != nil && !strings.HasPrefix(err.Error(), "testlock: ") {
 			t.Errorf("CheckNew(%v, %q, %v) = %v, want %v", c.conn, c.project, c.opts, err, c.want)
 		}
 	}
